@@ -1,0 +1,43 @@
+"""lort: run PyTorch models, training and inference, through ONNX Runtime.
+
+    cm = torch.compile(model, backend="lort")
+    cm = torch.compile(model, backend="lort", options={"mode": "debug", "rtol": 1e-4})
+    print(lort.explain(model, x))
+"""
+
+from __future__ import annotations
+
+import logging
+
+__version__ = "0.1.0"
+
+from .backend import LortBackend, lort_backend
+from .diagnostics.explain import explain
+from .diagnostics.report import ExplainReport
+from .errors import (
+    LortError,
+    MismatchError,
+    SessionCreationError,
+    TranslationError,
+    UnsupportedInputError,
+    UnsupportedVersionError,
+)
+from .options import Options
+from .runtime import stats
+
+logging.getLogger("lort").addHandler(logging.NullHandler())
+
+__all__ = [
+    "ExplainReport",
+    "LortBackend",
+    "LortError",
+    "MismatchError",
+    "Options",
+    "SessionCreationError",
+    "TranslationError",
+    "UnsupportedInputError",
+    "UnsupportedVersionError",
+    "explain",
+    "lort_backend",
+    "stats",
+]

@@ -1,0 +1,75 @@
+"""The decomposition table lort traces with.
+
+Start from PyTorch's own decompositions of exactly the ops torch_lib cannot translate
+(``_compat.decomposition_table``), then add the ones that keep backward graphs in ORT:
+
+* attention is traced in its math form (``capture.aot`` selects PyTorch's math SDPA
+  backend while tracing), because the fused CPU kernel's backward has no ONNX
+  translation while the math form's backward is matmuls and softmax.
+* ``convolution_backward`` (no PyTorch decomposition, no torch_lib translation) is
+  written as the convolutions that compute it, below.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..translate import _compat
+
+aten = torch.ops.aten
+
+
+def _conv_input_grad(grad_out, weight, input_shape, stride, padding, dilation, groups):
+    nd = len(stride)
+    output_padding = []
+    for i in range(nd):
+        k = weight.shape[2 + i]
+        full = (grad_out.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (k - 1) + 1
+        output_padding.append(input_shape[2 + i] - full)
+    return aten.convolution.default(
+        grad_out, weight, None, list(stride), list(padding), list(dilation), True, output_padding, groups
+    )
+
+
+def _conv_weight_grad(grad_out, inp, weight_shape, stride, padding, dilation, groups):
+    nd = len(stride)
+    n, c_in = inp.shape[0], inp.shape[1]
+    c_out = grad_out.shape[1]
+    spatial_in = list(inp.shape[2:])
+    spatial_out = list(grad_out.shape[2:])
+    # Batch becomes channels: x (N, G*Cg, *S) -> (Cg, G*N, *S); dy (N, G*Og, *So) -> (G*Og, N, *So).
+    x = inp.reshape([n, groups, c_in // groups] + spatial_in)
+    x = x.permute([2, 1, 0] + list(range(3, 3 + nd))).reshape([c_in // groups, groups * n] + spatial_in)
+    dy = grad_out.reshape([n, groups, c_out // groups] + spatial_out)
+    dy = dy.permute([1, 2, 0] + list(range(3, 3 + nd))).reshape([c_out, n] + spatial_out)
+    gw = aten.convolution.default(
+        x, dy, None, list(dilation), list(padding), list(stride), False, [0] * nd, groups
+    )  # (Cg, Cout, *K') with K' >= K
+    for i in range(nd):
+        gw = gw.narrow(2 + i, 0, weight_shape[2 + i])
+    return gw.transpose(0, 1).contiguous()
+
+
+def convolution_backward(
+    grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
+    """aten.convolution_backward as convolutions, for non-transposed convolutions."""
+    if transposed:
+        return NotImplemented
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        grad_input = _conv_input_grad(grad_output, weight, input.shape, stride, padding, dilation, groups)
+    if output_mask[1]:
+        grad_weight = _conv_weight_grad(grad_output, input, weight.shape, stride, padding, dilation, groups)
+    if output_mask[2]:
+        grad_bias = grad_output.sum([0] + list(range(2, grad_output.dim())))
+    return grad_input, grad_weight, grad_bias
+
+
+@functools.lru_cache(maxsize=1)
+def table() -> dict:
+    decomps = dict(_compat.decomposition_table())
+    decomps[aten.convolution_backward.default] = convolution_backward
+    return decomps

@@ -1,0 +1,1 @@
+"""Diagnostics: what ran where (explain), and why."""

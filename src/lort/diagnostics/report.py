@@ -1,0 +1,128 @@
+"""Records of what lort did with each captured graph, and the explain() report."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+
+def is_aten_node(node: torch.fx.Node) -> bool:
+    """An operator call counted in reports (tuple indexing is not an op)."""
+    return node.op == "call_function" and node.target is not operator.getitem
+
+
+@dataclasses.dataclass
+class GroupInfo:
+    name: str
+    num_nodes: int
+    num_inputs: int
+    num_outputs: int
+    ops: list[str]
+
+
+@dataclasses.dataclass
+class GraphRecord:
+    """One AOTAutograd graph: 'forward', 'backward' or 'inference'."""
+
+    kind: str
+    name: str
+    graph_module: torch.fx.GraphModule
+    partitioned: torch.fx.GraphModule | None = None
+    groups: list[GroupInfo] = dataclasses.field(default_factory=list)
+    ort_nodes: int = 0
+    torch_nodes: int = 0
+    fallbacks: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    group_modules: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def set_result(self, groups, modules, unsupported) -> None:
+        from ..fusion.support import op_name
+
+        in_group = set()
+        for g in groups:
+            in_group.update(n for n in g.nodes if is_aten_node(n))
+            self.groups.append(
+                GroupInfo(
+                    g.name,
+                    sum(1 for n in g.nodes if is_aten_node(n)),
+                    len(g.inputs),
+                    len(g.outputs),
+                    [op_name(n) for n in g.nodes if is_aten_node(n)],
+                )
+            )
+        self.group_modules = dict(modules)
+        for node in self.graph_module.graph.nodes:
+            if not is_aten_node(node):
+                continue
+            if node in in_group:
+                self.ort_nodes += 1
+            else:
+                self.torch_nodes += 1
+                reason = unsupported.get(node, "left alone by the fuser (a group of views only)")
+                self.fallbacks.append((op_name(node), reason))
+
+    def summary(self) -> str:
+        total = self.ort_nodes + self.torch_nodes
+        return (
+            f"{self.name}: {len(self.groups)} ORT group(s), {self.ort_nodes}/{total} ATen nodes in ORT, "
+            f"{self.torch_nodes} in PyTorch"
+        )
+
+
+class ExplainReport:
+    """What ran where: returned by ``lort.explain``."""
+
+    def __init__(self, records: list[GraphRecord]):
+        self.records = list(records)
+
+    @property
+    def graphs(self) -> list[torch.fx.GraphModule]:
+        return [r.graph_module for r in self.records]
+
+    @property
+    def groups(self) -> list[GroupInfo]:
+        return [g for r in self.records for g in r.groups]
+
+    @property
+    def ort_nodes(self) -> int:
+        return sum(r.ort_nodes for r in self.records)
+
+    @property
+    def torch_nodes(self) -> int:
+        return sum(r.torch_nodes for r in self.records)
+
+    @property
+    def fallbacks(self) -> list[tuple[str, str]]:
+        return [f for r in self.records for f in r.fallbacks]
+
+    @property
+    def ort_fraction(self) -> float:
+        total = self.ort_nodes + self.torch_nodes
+        return self.ort_nodes / total if total else 0.0
+
+    def __str__(self) -> str:
+        lines = [
+            f"lort explain: {len(self.records)} graph(s), {len(self.groups)} ORT group(s), "
+            f"{self.ort_nodes} ATen nodes in ORT, {self.torch_nodes} in PyTorch "
+            f"({100 * self.ort_fraction:.1f}% in ORT)",
+            "",
+            f"{'graph':<24} {'kind':<10} {'groups':>6} {'ort':>6} {'torch':>6}",
+        ]
+        for r in self.records:
+            lines.append(f"{r.name:<24} {r.kind:<10} {len(r.groups):>6} {r.ort_nodes:>6} {r.torch_nodes:>6}")
+        if self.groups:
+            lines += ["", f"{'group':<28} {'nodes':>6} {'inputs':>7} {'outputs':>8}"]
+            for g in self.groups:
+                lines.append(f"{g.name:<28} {g.num_nodes:>6} {g.num_inputs:>7} {g.num_outputs:>8}")
+        if self.fallbacks:
+            lines += ["", "left to PyTorch:", f"{'count':>6}  {'op':<40} reason"]
+            counts = collections.Counter(self.fallbacks)
+            for (op, reason), c in counts.most_common():
+                lines.append(f"{c:>6}  {op:<40} {reason}")
+        return "\n".join(lines)
+
+    __repr__ = __str__

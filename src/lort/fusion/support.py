@@ -1,0 +1,144 @@
+"""Which FX nodes may join an ORT fusion group, and why not.
+
+One registry decides support and translates: a node is supported when torch_lib's
+registry (the one ``lort.translate`` translates with) has a translation for it and its
+inputs and outputs pass the seed's ``IsFusable`` rules. A node whose group later fails to
+translate or to build an ORT session is found by ``lort.translate`` and marked
+unsupported with that reason.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..translate import _compat
+
+#: dtypes lort sends to ORT. bfloat16 is absent: ORT's CPU provider has no bf16 GEMM or
+#: most bf16 kernels (see design.md), so those ops stay in PyTorch.
+SUPPORTED_DTYPES = frozenset(
+    {
+        torch.float32,
+        torch.float16,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    }
+)
+
+#: Ops that need no translation and are handled by the fuser: tuple indexing.
+_GETITEM = operator.getitem
+
+#: Scalar constants that may stand as literal arguments of a fused node.
+_CONSTANT_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def is_constant(arg: Any) -> bool:
+    """A literal argument that is inlined into the group (the seed's 'constant')."""
+    if isinstance(arg, _CONSTANT_TYPES):
+        return True
+    if isinstance(arg, (list, tuple)):
+        return all(is_constant(a) for a in arg)
+    return False
+
+
+def _tensor_metas(val: Any) -> list[torch.Tensor] | None:
+    """The tensors of a node's meta value, or None if it holds anything else."""
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)) and val and all(isinstance(v, torch.Tensor) for v in val):
+        return list(val)
+    return None
+
+
+def _check_tensor(t: torch.Tensor, what: str) -> str | None:
+    if t.dtype not in SUPPORTED_DTYPES:
+        return f"{what} has dtype {t.dtype}, which lort does not send to ORT"
+    if t.device.type not in ("cpu", "cuda"):
+        return f"{what} is on device {t.device}, which has no ORT execution provider in lort"
+    if t.layout != torch.strided:
+        return f"{what} has layout {t.layout}; only dense tensors go to ORT"
+    return None
+
+
+def _check_arg(arg: Any, where: str) -> str | None:
+    """The seed's IsFusable: tensors, non-constant int/float scalars, or constants."""
+    if isinstance(arg, torch.fx.Node):
+        val = arg.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return _check_tensor(val, where)
+        if isinstance(val, (torch.SymInt, torch.SymFloat, int, float)) and not isinstance(val, bool):
+            return None
+        return f"{where} is {type(val).__name__}, not a tensor or int/float scalar"
+    if isinstance(arg, (list, tuple)):
+        for i, a in enumerate(arg):
+            reason = _check_arg(a, f"{where}[{i}]")
+            if reason:
+                return reason
+        return None
+    if is_constant(arg):
+        return None
+    return f"{where} is a {type(arg).__name__} constant"
+
+
+def unsupported_reason(node: torch.fx.Node) -> str | None:
+    """None if ``node`` may run in an ORT group, else why it stays in PyTorch."""
+    if node.op != "call_function":
+        return f"{node.op} node"
+    target = node.target
+    if target is _GETITEM:
+        src = node.args[0]
+        if isinstance(src, torch.fx.Node) and src.op == "call_function" and _tensor_metas(src.meta.get("val")):
+            return unsupported_reason(src)
+        return "indexes a value that is not a tuple of tensors"
+    if not isinstance(target, torch._ops.OpOverload):
+        return f"{getattr(target, '__name__', target)!s} is not an ATen operator"
+    schema = target._schema
+    if schema.is_mutable:
+        return "mutates an input; ORT groups are functional"
+    if torch.Tag.nondeterministic_seeded in target.tags:
+        return "random op; kept in PyTorch so results follow PyTorch's RNG"
+    outs = _tensor_metas(node.meta.get("val"))
+    if outs is None:
+        return "output is not a tensor (or tuple of tensors)"
+    for i, t in enumerate(outs):
+        reason = _check_tensor(t, f"output {i}")
+        if reason:
+            return reason
+    for i, a in enumerate(node.args):
+        reason = _check_arg(a, f"argument {i}")
+        if reason:
+            return reason
+    for k, a in node.kwargs.items():
+        reason = _check_arg(a, f"argument {k!r}")
+        if reason:
+            return reason
+    devices = {t.device for t in outs}
+    devices |= {
+        a.meta["val"].device
+        for a in node.all_input_nodes
+        if isinstance(a.meta.get("val"), torch.Tensor)
+    }
+    if len(devices) > 1:
+        return f"mixes devices {sorted(map(str, devices))}"
+    fn, message = _compat.dispatch(node)
+    if fn is None:
+        return message
+    return None
+
+
+def op_name(node: torch.fx.Node) -> str:
+    """A short name for a node's operator, e.g. 'aten.mm.default'."""
+    if node.op == "call_function":
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            return str(target)
+        return getattr(target, "__name__", str(target))
+    return f"{node.op}:{node.target}"

@@ -1,0 +1,120 @@
+"""lort's options: one dataclass, defaults, environment variables and validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping
+
+RUN_MODES = ("ort", "pytorch", "debug")
+FALLBACK_POLICIES = ("warn", "raise")
+OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
+
+# Environment variables, named as in the seed accelerator.
+ENV_RUN_TYPE = "LORT_RUN_TYPE"
+ENV_RTOL = "LORT_RELATIVE_TOLERANCE"
+ENV_ATOL = "LORT_ABSOLUTE_TOLERANCE"
+ENV_FALLBACK = "LORT_FALLBACK_POLICY"
+
+
+def _env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default).strip().lower() or default
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How lort compiles and runs a model.
+
+    Pass as ``torch.compile(model, backend="lort", options={...})`` or ``Options(...)``.
+    """
+
+    #: "ort" runs fusion groups in ONNX Runtime; "pytorch" runs them in PyTorch (for
+    #: bisecting); "debug" runs both and compares each group's outputs. Env LORT_RUN_TYPE.
+    mode: str = dataclasses.field(default_factory=lambda: _env_str(ENV_RUN_TYPE, "ort"))
+    #: Relative tolerance of debug mode. Env LORT_RELATIVE_TOLERANCE.
+    rtol: float = dataclasses.field(default_factory=lambda: _env_float(ENV_RTOL, 1e-4))
+    #: Absolute tolerance of debug mode. Env LORT_ABSOLUTE_TOLERANCE.
+    atol: float = dataclasses.field(default_factory=lambda: _env_float(ENV_ATOL, 1e-5))
+    #: What to do when a group fails to translate or to build a session: "warn" runs it
+    #: in PyTorch with one warning, "raise" raises. Env LORT_FALLBACK_POLICY.
+    fallback: str = dataclasses.field(default_factory=lambda: _env_str(ENV_FALLBACK, "warn"))
+    #: ORT execution providers, overriding the choice made from the tensors' device.
+    providers: tuple | None = None
+    #: The most inputs plus outputs a fusion group may have (seed: subgraph_arg_limit).
+    max_group_args: int = 128
+    #: ORT graph optimization level of each session.
+    graph_optimization_level: str = "all"
+    #: ORT intra-op threads; None uses torch.get_num_threads().
+    intra_op_num_threads: int | None = None
+    #: Let ORT's thread pool spin after a run. None decides per graph: spinning only when
+    #: the whole graph is one ORT group (spinning threads steal cores from PyTorch ops).
+    allow_spinning: bool | None = None
+    #: A directory to write every translated group's ONNX model to, or None.
+    save_onnx: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in RUN_MODES:
+            raise ValueError(f"lort option mode={self.mode!r} is not one of {RUN_MODES}")
+        if self.fallback not in FALLBACK_POLICIES:
+            raise ValueError(f"lort option fallback={self.fallback!r} is not one of {FALLBACK_POLICIES}")
+        if self.graph_optimization_level not in OPTIMIZATION_LEVELS:
+            raise ValueError(
+                f"lort option graph_optimization_level={self.graph_optimization_level!r} "
+                f"is not one of {OPTIMIZATION_LEVELS}"
+            )
+        for name in ("rtol", "atol"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"lort option {name}={value!r} must be a number >= 0")
+        if not isinstance(self.max_group_args, int) or self.max_group_args < 2:
+            raise ValueError(f"lort option max_group_args={self.max_group_args!r} must be an int >= 2")
+        if self.intra_op_num_threads is not None and (
+            not isinstance(self.intra_op_num_threads, int) or self.intra_op_num_threads < 1
+        ):
+            raise ValueError(
+                f"lort option intra_op_num_threads={self.intra_op_num_threads!r} must be None or an int >= 1"
+            )
+        if self.providers is not None:
+            if isinstance(self.providers, str) or not all(
+                isinstance(p, (str, tuple)) for p in self.providers
+            ):
+                raise ValueError(
+                    f"lort option providers={self.providers!r} must be a list of ORT provider names "
+                    f"(or (name, options) pairs), e.g. ['CPUExecutionProvider']"
+                )
+            object.__setattr__(self, "providers", tuple(self.providers))
+
+    @classmethod
+    def valid_keys(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def resolve(cls, options: "Options | Mapping[str, Any] | None" = None, **overrides: Any) -> "Options":
+        """Options from an Options, a mapping, or None (environment and defaults)."""
+        if options is None:
+            options = {}
+        if isinstance(options, Options):
+            return dataclasses.replace(options, **overrides) if overrides else options
+        if not isinstance(options, Mapping):
+            raise TypeError(f"lort options must be a dict or lort.Options, not {type(options).__name__}")
+        merged = {**options, **overrides}
+        unknown = sorted(set(merged) - set(cls.valid_keys()))
+        if unknown:
+            raise TypeError(
+                f"unknown lort option(s) {unknown}; valid options are: {', '.join(cls.valid_keys())}"
+            )
+        return cls(**merged)
+
+    def session_key(self) -> tuple:
+        """The options that change an ORT session (part of the session cache key)."""
+        return (self.providers, self.graph_optimization_level, self.intra_op_num_threads)

@@ -1,0 +1,146 @@
+"""A fusion group at run time: ORT sessions cached by argument spec, and run modes."""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+
+import torch
+import torch.fx
+
+from ..errors import MismatchError
+from ..options import Options
+from ..translate import onnx_export
+from .session import GroupSession, OutputSpec
+
+logger = logging.getLogger("lort")
+
+
+def _static_shape(t: torch.Tensor) -> tuple[int, ...] | None:
+    dims = []
+    for d in t.shape:
+        if not isinstance(d, int):
+            return None
+        dims.append(d)
+    return tuple(dims)
+
+
+def _needs_restride(t: torch.Tensor) -> tuple | None:
+    """The meta strides of an output when they are static, dense and not contiguous
+    (a permuted layout that PyTorch code after the group may rely on)."""
+    shape = _static_shape(t)
+    if shape is None or t.is_contiguous():
+        return None
+    from torch._prims_common import is_non_overlapping_and_dense_or_false
+
+    if not is_non_overlapping_and_dense_or_false(t):
+        return None
+    try:
+        stride = tuple(int(s) for s in t.stride())
+    except (TypeError, RuntimeError):
+        return None
+    return shape, stride
+
+
+class OrtGroup(torch.nn.Module):
+    """Runs one fusion group in ORT ('ort'), PyTorch ('pytorch') or both ('debug').
+
+    The group's ONNX model is translated once; an ORT session is built per argument
+    spec (dtypes, shapes, device) and reused for every later call with that spec.
+    """
+
+    def __init__(self, name: str, gm: torch.fx.GraphModule, where: list[int] | None, options: Options):
+        super().__init__()
+        self.name = name
+        self.gm = gm
+        self.options = options
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        # where[i]: which of the module's (deduplicated) outputs is the group's output i.
+        self.where = list(range(len(out_node.args[0]))) if where is None else where
+        self._out_metas = [v.meta["val"] for v in out_node.args[0]]
+        self._outputs = [OutputSpec(m.dtype, _static_shape(m)) for m in self._out_metas]
+        self._restride = [_needs_restride(m) for m in self._out_metas]
+        devices = {m.device for m in self._out_metas}
+        self.device = torch.device(next(iter(devices)))
+        self.model_bytes: bytes | None = None
+        self.sessions: dict[tuple, GroupSession] = {}
+        self.num_nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+        self._dynamic = any(
+            not isinstance(n.meta.get("val"), torch.Tensor) or _static_shape(n.meta["val"]) is None
+            for n in gm.graph.nodes
+            if n.op in ("placeholder", "call_function") and n.target is not operator.getitem
+            and isinstance(n.meta.get("val"), (torch.Tensor, torch.SymInt))
+        )
+
+    # -- compile -----------------------------------------------------------------
+    def prepare(self) -> None:
+        """Translate to ONNX and build the session for the graph's own spec.
+
+        Raises TranslationError or SessionCreationError."""
+        model = onnx_export.group_to_onnx(self.gm, self.name)
+        self.model_bytes = onnx_export.serialize(model)
+        if self.options.save_onnx:
+            os.makedirs(self.options.save_onnx, exist_ok=True)
+            path = os.path.join(self.options.save_onnx, f"{self.name}.onnx")
+            with open(path, "wb") as f:
+                f.write(self.model_bytes)
+            logger.info("lort: wrote %s", path)
+        metas = [n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder"]
+        self._session(self._spec(metas))
+
+    def _spec(self, args) -> tuple:
+        """The argument spec a session is cached by. With symbolic dims in the graph the
+        ONNX model has symbolic dims too, and one session serves every shape."""
+        if self._dynamic:
+            return tuple((a.dtype, a.dim(), a.device) if isinstance(a, torch.Tensor) else "scalar" for a in args)
+        return tuple((a.dtype, tuple(a.shape), a.device) if isinstance(a, torch.Tensor) else "scalar" for a in args)
+
+    def _session(self, key: tuple) -> GroupSession:
+        sess = self.sessions.get(key)
+        if sess is None:
+            assert self.model_bytes is not None
+            sess = GroupSession(self.model_bytes, self.device, self._outputs, self.options, self.name)
+            self.sessions[key] = sess
+            logger.debug("lort: built session %d for %s (spec %s)", len(self.sessions), self.name, key)
+        return sess
+
+    # -- run ---------------------------------------------------------------------
+    def _run_ort(self, args) -> list[torch.Tensor]:
+        outs = self._session(self._spec(args)).run(args)
+        for i, rs in enumerate(self._restride):
+            if rs is not None:
+                outs[i] = torch.empty_strided(rs[0], rs[1], dtype=outs[i].dtype, device=outs[i].device).copy_(outs[i])
+        return outs
+
+    def forward(self, *args):
+        mode = self.options.mode
+        if mode == "pytorch":
+            outs = list(self.gm(*args))
+        elif mode == "ort":
+            outs = self._run_ort(args)
+        else:
+            outs = self._run_ort(args)
+            ref = self.gm(*args)
+            compare_outputs(self.name, outs, ref, self.options.rtol, self.options.atol)
+        return tuple(outs[i] for i in self.where)
+
+
+def compare_outputs(name: str, outs, refs, rtol: float, atol: float) -> None:
+    """Raise MismatchError naming the first output of ``name`` outside tolerance."""
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        if o.shape != r.shape or o.dtype != r.dtype:
+            raise MismatchError(name, i, float("inf"), float("inf"), rtol, atol)
+        if o.numel() == 0:
+            continue
+        if o.dtype.is_floating_point:
+            od, rd = o.detach().double(), r.detach().double()
+            if torch.allclose(od, rd, rtol=rtol, atol=atol, equal_nan=True):
+                continue
+            diff = (od - rd).abs()
+            diff = torch.where(torch.isnan(od) & torch.isnan(rd), torch.zeros_like(diff), diff)
+            rel = diff / rd.abs().clamp_min(1e-12)
+            raise MismatchError(name, i, diff.max().item(), rel.max().item(), rtol, atol)
+        if not torch.equal(o, r):
+            diff = (o.long() - r.long()).abs()
+            raise MismatchError(name, i, float(diff.max().item()), float("inf"), rtol, atol)

@@ -1,0 +1,1 @@
+"""Translate: FX fusion groups -> ONNX through onnxscript's torch_lib."""

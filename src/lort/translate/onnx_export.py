@@ -1,0 +1,74 @@
+"""Translate a fusion group's GraphModule into an ONNX model with torch_lib."""
+
+from __future__ import annotations
+
+import logging
+import operator
+
+import onnx_ir as ir
+import torch
+import torch.fx
+
+from ..errors import TranslationError
+from . import _compat
+
+logger = logging.getLogger("lort")
+
+
+def group_to_onnx(gm: torch.fx.GraphModule, name: str) -> ir.Model:
+    """The ONNX model of a group: inputs are the placeholders, outputs the output tuple."""
+    try:
+        model = _compat.translate_graph(gm.graph, name)
+    except Exception as e:
+        raise TranslationError(f"could not translate group {name!r} to ONNX: {_root_cause(e)}") from e
+    _name_io(model, gm)
+    return model
+
+
+def serialize(model: ir.Model) -> bytes:
+    return ir.serde.serialize_model(model).SerializeToString()
+
+
+def _name_io(model: ir.Model, gm: torch.fx.GraphModule) -> None:
+    """Stable input/output names: in_<i>, out_<i>."""
+    for i, v in enumerate(model.graph.inputs):
+        v.name = f"in_{i}"
+    seen = set()
+    for i, v in enumerate(model.graph.outputs):
+        if v in seen or v.is_graph_input():  # pragma: no cover - groups hold no pass-through outputs
+            raise TranslationError(f"group output {i} is not a fresh value")
+        seen.add(v)
+        v.name = f"out_{i}"
+
+
+def _root_cause(e: BaseException) -> str:
+    parts = []
+    cur: BaseException | None = e
+    while cur is not None and len(parts) < 4:
+        msg = str(cur).strip().splitlines()
+        parts.append(f"{type(cur).__name__}: {msg[0][:300] if msg else ''}")
+        cur = cur.__cause__
+    return " <- ".join(parts)
+
+
+def single_node_graph(node: torch.fx.Node) -> torch.fx.GraphModule:
+    """A graph that runs ``node`` alone (its getitems too), to find which node of a
+    group fails to translate or to run in ORT."""
+    g = torch.fx.Graph()
+    env = {}
+    for i, a in enumerate(node.all_input_nodes):
+        ph = g.placeholder(f"in_{i}")
+        ph.meta = dict(a.meta)
+        env[a] = ph
+    copy = g.node_copy(node, lambda a: env[a])
+    val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):
+        outs = []
+        for i in range(len(val)):
+            item = g.call_function(operator.getitem, (copy, i))
+            item.meta["val"] = val[i]
+            outs.append(item)
+        g.output(tuple(outs))
+    else:
+        g.output((copy,))
+    return torch.fx.GraphModule(torch.nn.Module(), g)
