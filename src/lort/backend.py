@@ -30,6 +30,8 @@ class LortBackend:
 
     def __init__(self, options: Options | Mapping[str, Any] | None = None):
         self.options = Options.resolve(options)
+        if self.options.providers:
+            providers.for_device(torch.device("cpu"), self.options.providers)  # raises if unknown
         self.records: list[GraphRecord] = []
         self._count = 0
 

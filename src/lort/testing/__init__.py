@@ -1,0 +1,1 @@
+"""Helpers shared by lort's tests, benchmarks and demo (not needed to use lort)."""

@@ -1,0 +1,136 @@
+"""The models lort is tested and benchmarked on, with random weights from configs.
+
+Nothing here downloads weights or data. ``make_torchvision_importable`` works around
+PyPI's torchvision wheel, which is built against CUDA torch and fails to import beside
+the CPU build of torch ("operator torchvision::nms does not exist") while registering
+its C++ operators' meta kernels; timm and transformers import torchvision, and use none
+of those operators in the models here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+import types
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+def make_torchvision_importable() -> None:
+    """Let ``import torchvision`` succeed when its compiled ops cannot load."""
+    if "torchvision" in sys.modules:
+        return
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    import os
+
+    so = [f for f in os.listdir(spec.submodule_search_locations[0]) if f.startswith("_C") and f.endswith(".so")]
+    try:
+        for f in so:
+            torch.ops.load_library(os.path.join(spec.submodule_search_locations[0], f))
+        return  # a working torchvision: nothing to do
+    except OSError:
+        pass
+    for name in ("torchvision._meta_registrations", "torchvision._autograd_registrations"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in=64, hidden=256, d_out=10, layers=3):
+        super().__init__()
+        dims = [d_in] + [hidden] * layers
+        blocks = []
+        for a, b in zip(dims, dims[1:]):
+            blocks += [nn.Linear(a, b), nn.GELU(), nn.LayerNorm(b)]
+        self.body = nn.Sequential(*blocks)
+        self.head = nn.Linear(hidden, d_out)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, classes=10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 32, 3, stride=2, padding=1, groups=4), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.fc = nn.Linear(32, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, d=64, heads=4, ff=128, layers=2):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, batch_first=True, activation="gelu")
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.out(self.encoder(x))
+
+
+def bert(batch=1, seq=32, layers=2, hidden=64, heads=4, seed=0):
+    make_torchvision_importable()
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(
+        vocab_size=1000, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=hidden * 4, max_position_embeddings=128,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    model = transformers.BertModel(cfg, add_pooling_layer=False)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    return model, (ids, mask)
+
+
+def timm_model(name="resnet18", batch=1, size=64, seed=0, **kwargs):
+    make_torchvision_importable()
+    import timm
+
+    torch.manual_seed(seed)
+    model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+    return model, (torch.randn(batch, 3, size, size),)
+
+
+@dataclasses.dataclass
+class Case:
+    """A model and inputs at a batch size, and how to reduce its output to a loss."""
+
+    name: str
+    build: Callable[[int], tuple[nn.Module, tuple]]
+
+    def make(self, batch: int = 1, seed: int = 0) -> tuple[nn.Module, tuple]:
+        torch.manual_seed(seed)
+        return self.build(batch)
+
+
+def output_tensor(out) -> torch.Tensor:
+    """The main tensor of a model's output (transformers return a ModelOutput)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "last_hidden_state"):
+        return out.last_hidden_state
+    if hasattr(out, "logits"):
+        return out.logits
+    return out[0]
+
+
+CASES = {
+    "mlp": Case("mlp", lambda b: (MLP(), (torch.randn(b, 64),))),
+    "cnn": Case("cnn", lambda b: (SmallCNN(), (torch.randn(b, 3, 32, 32),))),
+    "transformer": Case("transformer", lambda b: (TransformerBlock(), (torch.randn(b, 32, 64),))),
+    "bert": Case("bert", lambda b: bert(batch=b)),
+    "resnet18": Case("resnet18", lambda b: timm_model("resnet18", batch=b)),
+}

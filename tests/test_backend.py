@@ -1,0 +1,231 @@
+"""The backend's behaviour: options, modes, caching, fallbacks, explain."""
+
+import importlib.metadata
+import warnings
+
+import pytest
+import torch
+
+import lort
+from lort.backend import LortBackend
+from lort.runtime import session as session_mod
+from lort.translate import _compat
+
+
+def f(x, w):
+    return torch.nn.functional.gelu(x @ w).softmax(-1)
+
+
+def inputs():
+    torch.manual_seed(0)
+    return torch.randn(4, 8), torch.randn(8, 8)
+
+
+def test_backend_is_registered_by_entry_point():
+    eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    assert any(ep.name == "lort" and ep.value == "lort.backend:lort_backend" for ep in eps)
+    assert "lort" in torch._dynamo.list_backends()
+
+
+def test_string_backend_with_options_runs_in_ort():
+    x, w = inputs()
+    before = lort.stats.ort_runs
+    out = torch.compile(f, backend="lort", options={"mode": "ort"})(x, w)
+    torch.testing.assert_close(out, f(x, w), rtol=1e-5, atol=1e-6)
+    assert lort.stats.ort_runs > before
+
+
+def test_unknown_option_is_a_type_error_listing_valid_keys():
+    with pytest.raises(TypeError, match=r"unknown lort option\(s\) \['mdoe'\].*mode, rtol"):
+        lort.Options.resolve({"mdoe": "debug"})
+    with pytest.raises(Exception, match="unknown lort option"):
+        torch.compile(f, backend="lort", options={"mdoe": "debug"})(*inputs())
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"mode": "fast"}, "mode='fast' is not one of"),
+        ({"rtol": -1}, "rtol=-1 must be a number"),
+        ({"fallback": "ignore"}, "fallback='ignore'"),
+        ({"max_group_args": 1}, "max_group_args=1"),
+        ({"providers": "CPUExecutionProvider"}, "must be a list of ORT provider names"),
+        ({"graph_optimization_level": "max"}, "graph_optimization_level='max'"),
+    ],
+)
+def test_bad_option_values_are_clear_errors(options, message):
+    with pytest.raises(ValueError, match=message):
+        lort.Options.resolve(options)
+
+
+def test_unknown_provider_is_a_clear_error():
+    with pytest.raises(Exception, match="TensorrtExecutionProvider"):
+        torch.compile(f, backend="lort", options={"providers": ["TensorrtExecutionProvider"]})(*inputs())
+
+
+def test_env_variables_set_mode_and_tolerances(monkeypatch):
+    monkeypatch.setenv("LORT_RUN_TYPE", "debug")
+    monkeypatch.setenv("LORT_RELATIVE_TOLERANCE", "0.25")
+    monkeypatch.setenv("LORT_ABSOLUTE_TOLERANCE", "0.5")
+    opts = lort.Options.resolve(None)
+    assert (opts.mode, opts.rtol, opts.atol) == ("debug", 0.25, 0.5)
+    # An explicit option wins over the environment.
+    assert lort.Options.resolve({"mode": "ort"}).mode == "ort"
+    monkeypatch.setenv("LORT_RELATIVE_TOLERANCE", "abc")
+    with pytest.raises(ValueError, match="LORT_RELATIVE_TOLERANCE"):
+        lort.Options.resolve(None)
+
+
+def test_second_call_with_same_spec_compiles_nothing():
+    x, w = inputs()
+    cm = torch.compile(f, backend="lort")
+    cm(x, w)
+    sessions = lort.stats.sessions_created
+    for _ in range(3):
+        cm(x, w)
+    assert lort.stats.sessions_created == sessions
+    # A new spec (another dtype) is a new graph and new sessions.
+    cm(x.double(), w.double())
+    assert lort.stats.sessions_created > sessions
+
+
+def test_pytorch_mode_runs_no_ort():
+    x, w = inputs()
+    before_runs, before_sessions = lort.stats.ort_runs, lort.stats.sessions_created
+    out = torch.compile(f, backend="lort", options={"mode": "pytorch"})(x, w)
+    torch.testing.assert_close(out, f(x, w))
+    assert lort.stats.ort_runs == before_runs
+    assert lort.stats.sessions_created == before_sessions
+
+
+def test_debug_mode_passes_on_correct_results():
+    x, w = inputs()
+    out = torch.compile(f, backend="lort", options={"mode": "debug"})(x, w)
+    torch.testing.assert_close(out, f(x, w), rtol=1e-5, atol=1e-6)
+
+
+def test_debug_mode_names_group_output_and_errors(monkeypatch):
+    real_run = session_mod.GroupSession.run
+
+    def wrong_run(self, args):
+        outs = real_run(self, args)
+        outs[0] = outs[0] + 0.5
+        return outs
+
+    monkeypatch.setattr(session_mod.GroupSession, "run", wrong_run)
+    with pytest.raises(lort.MismatchError) as info:
+        torch.compile(f, backend="lort", options={"mode": "debug"})(*inputs())
+    err = info.value
+    assert err.group.startswith("g1_inference")
+    assert err.output == 0
+    assert err.max_abs == pytest.approx(0.5, rel=1e-3)
+    assert "max abs error" in str(err) and "max rel error" in str(err)
+
+
+def _break_translation_of(monkeypatch, op_name):
+    real = _compat.translate_graph
+
+    def broken(fx_graph, name):
+        if any(n.op == "call_function" and op_name in str(n.target) for n in fx_graph.nodes):
+            raise RuntimeError(f"simulated failure translating {op_name}")
+        return real(fx_graph, name)
+
+    monkeypatch.setattr(_compat, "translate_graph", broken)
+
+
+def test_translation_failure_falls_back_to_pytorch_with_one_warning(monkeypatch):
+    _break_translation_of(monkeypatch, "gelu")
+    x, w = inputs()
+    backend = LortBackend()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(f, backend=backend)(x, w)
+    torch.testing.assert_close(out, f(x, w), rtol=1e-5, atol=1e-6)
+    ours = [w for w in caught if "lort" in str(w.message)]
+    assert len(ours) == 1 and "aten.gelu.default" in str(ours[0].message)
+    record = backend.records[0]
+    assert ("aten.gelu.default", record.fallbacks[0][1]) in record.fallbacks
+    assert "simulated failure" in record.fallbacks[0][1]
+    assert record.ort_nodes > 0  # the rest still runs in ORT
+
+
+def test_translation_failure_raises_when_asked(monkeypatch):
+    _break_translation_of(monkeypatch, "gelu")
+    with pytest.raises(Exception, match="gelu"):
+        torch.compile(f, backend="lort", options={"fallback": "raise"})(*inputs())
+
+
+def test_explain_reports_graphs_groups_and_fallbacks():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = torch.nn.functional.dropout(self.lin(x), p=0.5, training=True)
+            return h.relu().sum(-1)
+
+    m = M()
+    x = torch.randn(4, 8)
+    report = lort.explain(m, x)
+    kinds = [r.kind for r in report.records]
+    assert kinds == ["forward", "backward"]
+    assert len(report.graphs) == 2
+    assert report.groups and report.ort_nodes > 0
+    reasons = dict(report.fallbacks)
+    assert any("random op" in r for r in reasons.values())
+    text = str(report)
+    assert "ORT group(s)" in text and "left to PyTorch" in text and "random op" in text
+    # explain touches no gradient
+    assert all(p.grad is None for p in m.parameters())
+
+
+def test_ir_version_is_one_ort_accepts():
+    assert _compat.IR_VERSION <= 13
+
+
+def test_non_contiguous_and_permuted_outputs():
+    def g(x):
+        return (x * 2).transpose(0, 1), (x + 1)[:, ::2]
+
+    x = torch.randn(4, 6)
+    out = torch.compile(g, backend="lort")(x)
+    ref = g(x)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r)
+        assert o.shape == r.shape
+
+
+def test_outputs_aliasing_inputs_with_grad():
+    def g(x):
+        return x.t(), (x * 3).view(-1)
+
+    x = torch.randn(3, 4, requires_grad=True)
+    xe = x.detach().clone().requires_grad_()
+    out = torch.compile(g, backend="lort")(x)
+    ref = g(xe)
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r)
+    (out[0].sum() + out[1].pow(2).sum()).backward()
+    (ref[0].sum() + ref[1].pow(2).sum()).backward()
+    torch.testing.assert_close(x.grad, xe.grad)
+
+
+def test_save_onnx_writes_each_group(tmp_path):
+    torch.compile(f, backend="lort", options={"save_onnx": str(tmp_path)})(*inputs())
+    files = list(tmp_path.glob("*.onnx"))
+    assert files
+    import onnx
+
+    model = onnx.load(str(files[0]))
+    onnx.checker.check_model(model)
+    assert model.ir_version <= 13
+
+
+def test_bfloat16_stays_in_pytorch_with_reason():
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    backend = LortBackend()
+    out = torch.compile(lambda t: (t * 2).relu(), backend=backend)(x)
+    torch.testing.assert_close(out, (x * 2).relu())
+    assert backend.records[0].ort_nodes == 0
+    assert all("bfloat16" in reason for _, reason in backend.records[0].fallbacks)
