@@ -13,11 +13,7 @@ from typing import Callable
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import decompositions as _decompositions
-
-
-def decompositions() -> dict:
-    return _decompositions.table()
+from . import decompositions
 
 
 def aot_backend(compile_graph: Callable[[torch.fx.GraphModule, list, str], Callable]) -> Callable:
@@ -38,7 +34,7 @@ def aot_backend(compile_graph: Callable[[torch.fx.GraphModule, list, str], Calla
         fw_compiler=fw,
         bw_compiler=bw,
         inference_compiler=inference,
-        decompositions=decompositions(),
+        decompositions=decompositions.table(),
         # Buffer updates (batch norm's running stats) leave the graph as outputs and
         # AOTAutograd's epilogue writes them, so graphs stay functional.
         keep_inference_input_mutations=False,

@@ -8,6 +8,9 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
   translation while the math form's backward is matmuls and softmax.
 * ``convolution_backward`` (no PyTorch decomposition, no torch_lib translation) is
   written as the convolutions that compute it, below.
+* ``_transformer_encoder_layer_fwd``, nn.TransformerEncoderLayer's inference fast path
+  (no torch_lib translation), is written as the attention, feed-forward and layer
+  norms it computes; with an attention mask it stays whole (runs in PyTorch).
 """
 
 from __future__ import annotations
@@ -68,8 +71,43 @@ def convolution_backward(
     return grad_input, grad_weight, grad_bias
 
 
+def transformer_encoder_layer_fwd(
+    src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu, norm_first, eps,
+    norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2,
+    mask=None, mask_type=None,
+):
+    """nn.TransformerEncoderLayer's inference fast path (batch first) as plain ops."""
+    if mask is not None:
+        return NotImplemented
+    F = torch.nn.functional
+    b, n, e = src.shape
+    d = e // num_heads
+
+    def attention(x):
+        q, k, v = F.linear(x, qkv_weight, qkv_bias).chunk(3, dim=-1)
+        q, k, v = (t.reshape(b, n, num_heads, d).transpose(1, 2) for t in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / d**0.5)
+        out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, n, e)
+        return F.linear(out, proj_weight, proj_bias)
+
+    def feed_forward(x):
+        h = F.linear(x, ffn_weight_1, ffn_bias_1)
+        h = F.gelu(h) if use_gelu else F.relu(h)
+        return F.linear(h, ffn_weight_2, ffn_bias_2)
+
+    def norm(x, w, bias):
+        return F.layer_norm(x, (e,), w, bias, eps)
+
+    if norm_first:
+        x = src + attention(norm(src, norm_weight_1, norm_bias_1))
+        return x + feed_forward(norm(x, norm_weight_2, norm_bias_2))
+    x = norm(src + attention(src), norm_weight_1, norm_bias_1)
+    return norm(x + feed_forward(x), norm_weight_2, norm_bias_2)
+
+
 @functools.lru_cache(maxsize=1)
 def table() -> dict:
     decomps = dict(_compat.decomposition_table())
     decomps[aten.convolution_backward.default] = convolution_backward
+    decomps[aten._transformer_encoder_layer_fwd.default] = transformer_encoder_layer_fwd
     return decomps

@@ -1,0 +1,70 @@
+"""lort's own decompositions against the ATen ops they replace (float64, tight)."""
+
+import pytest
+import torch
+
+from lort.capture import decompositions as dec
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize(
+    "nd, stride, padding, dilation, groups, c_in, c_out, k, size",
+    [
+        (2, 1, 0, 1, 1, 3, 4, 3, 9),
+        (2, 2, 1, 1, 2, 4, 8, 3, 9),
+        (2, 2, 1, 1, 4, 4, 4, 3, 10),  # depthwise
+        (2, 2, 2, 2, 1, 4, 4, 5, 11),  # dilation
+        (2, 3, 1, 1, 1, 2, 3, 4, 13),  # stride that leaves an output padding
+        (1, 2, 1, 1, 1, 3, 5, 3, 17),
+        (3, 1, 1, 1, 1, 2, 3, 3, 6),
+    ],
+)
+@pytest.mark.parametrize("mask", [(True, True, True), (False, True, False), (True, False, False)])
+def test_convolution_backward(nd, stride, padding, dilation, groups, c_in, c_out, k, size, mask):
+    torch.manual_seed(0)
+    x = torch.randn([2, c_in] + [size] * nd, dtype=torch.float64)
+    w = torch.randn([c_out, c_in // groups] + [k] * nd, dtype=torch.float64)
+    s, p, d = [stride] * nd, [padding] * nd, [dilation] * nd
+    y = aten.convolution(x, w, None, s, p, d, False, [0] * nd, groups)
+    g = torch.randn_like(y)
+    args = (g, x, w, [c_out], s, p, d, False, [0] * nd, groups, list(mask))
+    expected = aten.convolution_backward(*args)
+    got = dec.convolution_backward(*args)
+    for e, o in zip(expected, got):
+        if e is None:
+            assert o is None
+        else:
+            assert o.shape == e.shape
+            torch.testing.assert_close(o, e, rtol=1e-10, atol=1e-10)
+
+
+def test_transposed_convolution_backward_is_not_decomposed():
+    x = torch.randn(1, 2, 5, 5)
+    w = torch.randn(2, 3, 3, 3)
+    g = torch.randn(1, 3, 7, 7)
+    args = (g, x, w, [3], [1, 1], [0, 0], [1, 1], True, [0, 0], 1, [True, True, True])
+    assert dec.convolution_backward(*args) is NotImplemented
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_transformer_encoder_fast_path(norm_first, activation):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(
+        16, 4, 32, dropout=0.0, batch_first=True, activation=activation, norm_first=norm_first
+    ).double().eval()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    sa, l1, l2 = layer.self_attn, layer.linear1, layer.linear2
+    args = (
+        x, 16, 4, sa.in_proj_weight, sa.in_proj_bias, sa.out_proj.weight, sa.out_proj.bias,
+        activation == "gelu", norm_first, layer.norm1.eps, layer.norm1.weight, layer.norm1.bias,
+        layer.norm2.weight, layer.norm2.bias, l1.weight, l1.bias, l2.weight, l2.bias,
+    )
+    with torch.no_grad():
+        expected = aten._transformer_encoder_layer_fwd(*args, None, None)
+        got = dec.transformer_encoder_layer_fwd(*args, None, None)
+        reference = layer(x)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(got, reference, rtol=1e-10, atol=1e-10)
+    assert dec.transformer_encoder_layer_fwd(*args, torch.zeros(5, 5, dtype=torch.bool), 0) is NotImplemented

@@ -1,0 +1,566 @@
+"""ATen op table: each op runs through lort (ORT) and is checked against eager PyTorch.
+
+Every case compiles a small function with a fresh ``LortBackend`` and ``fullgraph=True``,
+runs it on CPU with inputs built from a fixed seed, and checks
+
+* outputs (and inputs the op mutates, e.g. batch norm's running stats) against eager;
+* for differentiable cases, the gradients of every float input. The loss, a sum of the
+  outputs weighted by fixed random weights, is computed inside the compiled function
+  (same weights for eager and lort), so the backward graph always computes something;
+* that the op really ran in ORT: every ATen node of every captured graph (forward,
+  backward or inference) is in an ORT group (``record.torch_nodes == 0``), unless the
+  case declares which op stays in PyTorch and why (random ops, by design). A case where
+  everything ran in PyTorch would compare PyTorch with itself.
+
+Tolerances: 1e-5 (abs and rel) for elementwise float32 ops, which ORT and PyTorch compute
+with the same formula up to the last bits of libm/vectorized approximations. Reductions,
+matmuls, convolutions and normalizations sum in a different order in ORT (MLAS) than in
+PyTorch (MKL/oneDNN/ATen): those cases state a looser tolerance, and are also checked
+against a float64 eager reference, where lort's error must stay within a small factor of
+eager float32's own error (``ref64``), so a loose tolerance cannot hide a wrong result.
+Integer and bool outputs must match exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+
+import lort
+
+SEED = 0
+
+
+# -- the table ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    fn: Callable[..., Any]
+    inputs: Callable[[], tuple]
+    #: Differentiable: float inputs (those in ``grad_args``, default all) require grad.
+    grad: bool = True
+    rtol: float = 1e-5
+    atol: float = 1e-5
+    #: Gradient tolerances; None: same as the outputs'.
+    grad_rtol: float | None = None
+    grad_atol: float | None = None
+    #: Indices of the inputs that require grad; None: every float input.
+    grad_args: tuple[int, ...] | None = None
+    #: Also compare eager float32 and lort with an eager float64 reference: lort's max
+    #: error must be within REF64_FACTOR * eager's (plus a tiny floor).
+    ref64: bool = False
+    #: ATen ops that are expected to run in PyTorch: {op name: substring of the reason}.
+    fallback: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Reason for a strict xfail, or None.
+    xfail: str | None = None
+
+
+REF64_FACTOR = 8.0
+
+
+def f32(*shape, lo=None, hi=None, scale=1.0):
+    """float32 randn*scale, or uniform in [lo, hi)."""
+    if lo is not None:
+        return torch.rand(*shape) * (hi - lo) + lo
+    return torch.randn(*shape) * scale
+
+
+def pos(*shape):
+    """Positive float32, away from 0."""
+    return torch.rand(*shape) + 0.5
+
+
+def away0(*shape):
+    """float32 with |x| in [0.5, 1.5)."""
+    return (torch.rand(*shape) + 0.5) * torch.where(torch.rand(*shape) < 0.5, -1.0, 1.0)
+
+
+def i64(*shape, lo=-10, hi=10):
+    return torch.randint(lo, hi, shape, dtype=torch.int64)
+
+
+def nz_i64(*shape, lo=-7, hi=8):
+    """int64 without zeros (for divisors)."""
+    x = torch.randint(lo, hi, shape, dtype=torch.int64)
+    return torch.where(x == 0, torch.ones_like(x), x)
+
+
+def boolean(*shape):
+    return torch.rand(*shape) < 0.5
+
+
+def perm_i64(*shape):
+    """int64 without ties (for argmax/sort of integers)."""
+    n = math.prod(shape)
+    return (torch.randperm(n) - n // 2).reshape(shape)
+
+
+def C(name, fn, inputs, **kw) -> Case:
+    return Case(name, fn, inputs, **kw)
+
+
+# Tolerances, with their reasons.
+#: Sums of up to ~100 float32 terms in a different order: ~1e-6 relative error each way.
+RED = dict(rtol=1e-4, atol=1e-5, ref64=True)
+#: Matmul/conv: blocked MLAS vs MKL/oneDNN accumulation, K up to ~64.
+MM = dict(rtol=1e-4, atol=1e-4, ref64=True)
+
+aten = torch.ops.aten
+
+CASES: list[Case] = [
+    # ---- elementwise unary -----------------------------------------------------------
+    C("abs", torch.abs, lambda: (away0(3, 4),)),
+    C("neg", torch.neg, lambda: (f32(3, 4),)),
+    C("exp", torch.exp, lambda: (f32(3, 4),)),
+    C("log", torch.log, lambda: (pos(3, 4),)),
+    C("log2", torch.log2, lambda: (pos(3, 4),)),
+    C("log1p", torch.log1p, lambda: (f32(3, 4, lo=-0.5, hi=2.0),)),
+    C("expm1", torch.expm1, lambda: (f32(3, 4),)),
+    C("sqrt", torch.sqrt, lambda: (pos(3, 4),)),
+    C("rsqrt", torch.rsqrt, lambda: (pos(3, 4),)),
+    C("reciprocal", torch.reciprocal, lambda: (away0(3, 4),)),
+    C("sin", torch.sin, lambda: (f32(3, 4, scale=3),)),
+    C("cos", torch.cos, lambda: (f32(3, 4, scale=3),)),
+    C("tan", torch.tan, lambda: (f32(3, 4, lo=-1.2, hi=1.2),)),
+    C("atan", torch.atan, lambda: (f32(3, 4, scale=3),)),
+    C("asin", torch.asin, lambda: (f32(3, 4, lo=-0.9, hi=0.9),)),
+    C("acos", torch.acos, lambda: (f32(3, 4, lo=-0.9, hi=0.9),)),
+    C("sinh", torch.sinh, lambda: (f32(3, 4),)),
+    C("cosh", torch.cosh, lambda: (f32(3, 4),)),
+    C("erf", torch.erf, lambda: (f32(3, 4),)),
+    C("sigmoid", torch.sigmoid, lambda: (f32(3, 4, scale=3),)),
+    C("tanh", torch.tanh, lambda: (f32(3, 4, scale=2),)),
+    C("floor", torch.floor, lambda: (f32(3, 4, scale=3),), grad=False),
+    C("ceil", torch.ceil, lambda: (f32(3, 4, scale=3),), grad=False),
+    C("round", torch.round, lambda: (f32(3, 4, scale=3),), grad=False),
+    C("round_decimals", lambda x: torch.round(x, decimals=2), lambda: (f32(3, 4, scale=3),), grad=False),
+    C("trunc", torch.trunc, lambda: (f32(3, 4, scale=3),), grad=False),
+    C("frac", torch.frac, lambda: (f32(3, 4, scale=3),)),
+    C("sign", torch.sign, lambda: (f32(3, 4),), grad=False),
+    C("pow_scalar", lambda x: x**3, lambda: (f32(3, 4),)),
+    C("pow_half", lambda x: x**0.5, lambda: (pos(3, 4),)),
+    C("square", torch.square, lambda: (f32(3, 4),)),
+    C("clamp", lambda x: torch.clamp(x, -0.5, 0.7), lambda: (f32(3, 4),)),
+    C("clamp_min", lambda x: torch.clamp_min(x, 0.1), lambda: (f32(3, 4),)),
+    C("clamp_tensor", lambda x, lo, hi: torch.clamp(x, lo, hi), lambda: (f32(3, 4), f32(3, 4) - 1, f32(1, 4) + 1)),
+    C("isnan_isinf", lambda x: (torch.isnan(x), torch.isinf(x), torch.isfinite(x)),
+      lambda: (torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0]),), grad=False),
+    C("nan_to_num", lambda x: torch.nan_to_num(x, nan=0.5, posinf=9.0, neginf=-9.0),
+      lambda: (torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), -2.0]),), grad=False),
+    # ---- elementwise binary (float) --------------------------------------------------
+    C("add_alpha", lambda a, b: torch.add(a, b, alpha=2.5), lambda: (f32(3, 4), f32(3, 4))),
+    C("add_broadcast", lambda a, b: a + b, lambda: (f32(3, 1), f32(1, 4))),
+    C("add_scalar", lambda a: a + 1.5, lambda: (f32(3, 4),)),
+    C("sub", torch.sub, lambda: (f32(3, 4), f32(4))),
+    C("rsub", lambda a: 2.0 - a, lambda: (f32(3, 4),)),
+    C("mul", torch.mul, lambda: (f32(2, 3, 4), f32(3, 1))),
+    C("div", torch.div, lambda: (f32(3, 4), away0(3, 4))),
+    C("div_floor", lambda a, b: torch.div(a, b, rounding_mode="floor"), lambda: (f32(3, 4, scale=4), away0(3, 4)), grad=False),
+    C("div_trunc", lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda: (f32(3, 4, scale=4), away0(3, 4)), grad=False),
+    C("remainder", torch.remainder, lambda: (f32(3, 4, scale=4), away0(3, 4)), grad_args=(0,)),
+    C("fmod", torch.fmod, lambda: (f32(3, 4, scale=4), away0(3, 4)), grad_args=(0,)),
+    C("maximum", torch.maximum, lambda: (f32(3, 4), f32(3, 4))),
+    C("minimum", torch.minimum, lambda: (f32(3, 4), f32(4))),
+    C("atan2", torch.atan2, lambda: (f32(3, 4), f32(3, 4))),
+    C("pow_tensor", torch.pow, lambda: (pos(3, 4), f32(3, 4))),
+    C("lerp", lambda a, b, w: torch.lerp(a, b, w), lambda: (f32(3, 4), f32(3, 4), f32(3, 4, lo=0, hi=1))),
+    C("addcmul", lambda a, b, c: torch.addcmul(a, b, c, value=0.5), lambda: (f32(3, 4), f32(3, 4), f32(3, 4))),
+    C("addcdiv", lambda a, b, c: torch.addcdiv(a, b, c, value=0.5), lambda: (f32(3, 4), f32(3, 4), away0(3, 4))),
+    C("hypot", torch.hypot, lambda: (f32(3, 4), f32(3, 4))),
+    C("where", lambda c, a, b: torch.where(c, a, b), lambda: (boolean(3, 4), f32(3, 4), f32(1, 4))),
+    C("where_scalar", lambda c, a: torch.where(c, a, 0.0), lambda: (boolean(3, 4), f32(3, 4))),
+    C("masked_fill", lambda x, m: x.masked_fill(m, -2.0), lambda: (f32(3, 4), boolean(3, 4))),
+    # ---- comparisons, logical, integer ----------------------------------------------
+    C("cmp_float", lambda a, b: (a == b, a != b, a < b, a <= b, a > b, a >= b),
+      lambda: (torch.tensor([1.0, 2.0, 3.0, -1.0]), torch.tensor([1.0, 3.0, 2.0, -1.0])), grad=False),
+    C("cmp_int", lambda a, b: (a == b, a != b, a < b, a <= b, a > b, a >= b),
+      lambda: (i64(4, 5, lo=-3, hi=3), i64(4, 5, lo=-3, hi=3)), grad=False),
+    C("cmp_scalar", lambda a: (a > 0.5, a == 0, a <= -1), lambda: (i64(4, 5, lo=-3, hi=3).float(),), grad=False),
+    C("logical", lambda a, b: (a & b, a | b, a ^ b, ~a, torch.logical_and(a, b), torch.logical_or(a, b),
+                               torch.logical_xor(a, b), torch.logical_not(b)),
+      lambda: (boolean(3, 4), boolean(3, 4)), grad=False),
+    C("bitwise_int", lambda a, b: (a & b, a | b, a ^ b, ~a), lambda: (i64(3, 4, lo=-20, hi=20), i64(3, 4, lo=0, hi=20)), grad=False),
+    C("int_arith", lambda a, b: (a + b, a - b, a * b, -a, torch.abs(a), a * 3 + 1),
+      lambda: (i64(3, 4), i64(3, 4)), grad=False),
+    C("int_floordiv", lambda a, b: (a // b, torch.div(a, b, rounding_mode="floor")),
+      lambda: (i64(4, 5, lo=-20, hi=20), nz_i64(4, 5)), grad=False),
+    C("int_truncdiv", lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+      lambda: (i64(4, 5, lo=-20, hi=20), nz_i64(4, 5)), grad=False),
+    C("int_remainder", lambda a, b: (a % b, torch.remainder(a, b), torch.fmod(a, b)),
+      lambda: (i64(4, 5, lo=-20, hi=20), nz_i64(4, 5)), grad=False),
+    C("int_truediv", lambda a, b: a / b, lambda: (i64(4, 5, lo=-20, hi=20), nz_i64(4, 5)), grad=False),
+    C("int_max_min_clamp", lambda a, b: (torch.maximum(a, b), torch.minimum(a, b), a.clamp(-3, 4)),
+      lambda: (i64(3, 4), i64(3, 4)), grad=False),
+    C("int_where", lambda c, a, b: torch.where(c, a, b), lambda: (boolean(3, 4), i64(3, 4), i64(3, 4)), grad=False),
+    C("int_to_float", lambda a: a.float() * 0.5, lambda: (i64(3, 4),), grad=False),
+    C("float_to_int", lambda a: (a * 3).to(torch.int64), lambda: (f32(3, 4),), grad=False),
+    C("bool_to_float", lambda m, x: m.float() * x, lambda: (boolean(3, 4), f32(3, 4)), grad_args=(1,)),
+    # ---- activations -----------------------------------------------------------------
+    C("relu", F.relu, lambda: (f32(3, 4),)),
+    C("relu6", F.relu6, lambda: (f32(3, 4, scale=4),)),
+    C("gelu", F.gelu, lambda: (f32(3, 4, scale=2),)),
+    C("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), lambda: (f32(3, 4, scale=2),)),
+    C("silu", F.silu, lambda: (f32(3, 4, scale=2),)),
+    C("softplus", F.softplus, lambda: (f32(3, 4, scale=3),)),
+    C("softplus_beta", lambda x: F.softplus(x, beta=2.0, threshold=1.5), lambda: (f32(3, 4, scale=2),)),
+    C("elu", lambda x: F.elu(x, alpha=1.5), lambda: (f32(3, 4, scale=2),)),
+    C("selu", F.selu, lambda: (f32(3, 4, scale=2),)),
+    C("celu", lambda x: F.celu(x, alpha=0.7), lambda: (f32(3, 4, scale=2),)),
+    C("leaky_relu", lambda x: F.leaky_relu(x, 0.1), lambda: (f32(3, 4),)),
+    C("hardswish", F.hardswish, lambda: (f32(4, 5, scale=4),)),
+    C("hardsigmoid", F.hardsigmoid, lambda: (f32(4, 5, scale=4),)),
+    C("hardtanh", lambda x: F.hardtanh(x, -0.5, 0.8), lambda: (f32(3, 4),)),
+    C("mish", F.mish, lambda: (f32(3, 4, scale=2),)),
+    C("logsigmoid", F.logsigmoid, lambda: (f32(3, 4, scale=3),)),
+    C("softsign", F.softsign, lambda: (f32(3, 4, scale=2),)),
+    C("prelu", F.prelu, lambda: (f32(2, 3, 4), f32(3, lo=0.05, hi=0.3))),
+    C("glu", lambda x: F.glu(x, dim=-1), lambda: (f32(3, 6),)),
+    C("hardshrink", lambda x: F.hardshrink(x, 0.4), lambda: (f32(3, 4),)),
+    C("softshrink", lambda x: F.softshrink(x, 0.4), lambda: (f32(3, 4),)),
+    C("threshold", lambda x: F.threshold(x, 0.2, -1.0), lambda: (f32(3, 4),)),
+    C("softmax", lambda x: F.softmax(x, dim=-1), lambda: (f32(3, 5, scale=2),)),
+    C("softmax_dim0", lambda x: F.softmax(x, dim=0), lambda: (f32(3, 5, scale=2),)),
+    C("log_softmax", lambda x: F.log_softmax(x, dim=-1), lambda: (f32(3, 5, scale=2),)),
+    # ---- reductions ------------------------------------------------------------------
+    C("sum", torch.sum, lambda: (f32(4, 5),), **RED),
+    C("sum_dim", lambda x: x.sum(dim=(0, 2), keepdim=True), lambda: (f32(3, 4, 5),), **RED),
+    C("sum_int", lambda x: (x.sum(), x.sum(1)), lambda: (i64(3, 4),), grad=False),
+    C("sum_bool", lambda m: (m.sum(), m.sum(0)), lambda: (boolean(3, 4),), grad=False),
+    C("mean", lambda x: x.mean(), lambda: (f32(4, 5),), **RED),
+    C("mean_dim", lambda x: x.mean(dim=-1, keepdim=True), lambda: (f32(3, 4, 5),), **RED),
+    C("amax", lambda x: torch.amax(x, dim=1), lambda: (f32(3, 4, 5),)),
+    C("amin", lambda x: torch.amin(x, dim=(0, 2)), lambda: (f32(3, 4, 5),)),
+    C("max_all", lambda x: torch.max(x), lambda: (f32(3, 4),)),
+    C("max_dim", lambda x: torch.max(x, dim=1), lambda: (f32(3, 4, 5),)),
+    C("min_dim", lambda x: torch.min(x, dim=0, keepdim=True), lambda: (f32(3, 4, 5),)),
+    C("var", lambda x: torch.var(x, dim=1), lambda: (f32(3, 6),), **RED),
+    C("var_correction0", lambda x: torch.var(x, dim=(0, 2), correction=0, keepdim=True), lambda: (f32(3, 4, 5),), **RED),
+    C("std", lambda x: torch.std(x, dim=-1), lambda: (f32(3, 6),), **RED),
+    C("var_mean", lambda x: torch.var_mean(x, dim=1), lambda: (f32(3, 6),), **RED),
+    C("prod", lambda x: torch.prod(x, dim=1), lambda: (away0(3, 4),), **RED),
+    C("logsumexp", lambda x: torch.logsumexp(x, dim=-1), lambda: (f32(3, 5, scale=3),), **RED),
+    C("argmax", lambda x: (torch.argmax(x, dim=1), torch.argmax(x)), lambda: (f32(3, 5),), grad=False),
+    C("argmin", lambda x: torch.argmin(x, dim=0, keepdim=True), lambda: (f32(3, 5),), grad=False),
+    C("argmax_int", lambda x: torch.argmax(x, dim=-1), lambda: (perm_i64(3, 5),), grad=False),
+    C("norm_2", lambda x: torch.linalg.vector_norm(x), lambda: (f32(4, 5),), **RED),
+    C("norm_1_dim", lambda x: torch.norm(x, p=1, dim=1), lambda: (f32(4, 5),), **RED),
+    C("norm_fro_dim", lambda x: torch.norm(x, dim=-1, keepdim=True), lambda: (f32(4, 5),), **RED),
+    C("any_all", lambda m: (m.any(), m.all(dim=1), m.any(dim=0)), lambda: (boolean(3, 4),), grad=False),
+    C("cumsum", lambda x: torch.cumsum(x, dim=1), lambda: (f32(3, 6),), **RED),
+    C("cumsum_int", lambda x: torch.cumsum(x, dim=0), lambda: (i64(4, 3),), grad=False),
+    C("cumprod", lambda x: torch.cumprod(x, dim=1), lambda: (away0(3, 5),), **RED),
+    # ---- matmul family ---------------------------------------------------------------
+    C("mm", torch.mm, lambda: (f32(5, 7), f32(7, 3)), **MM),
+    C("bmm", torch.bmm, lambda: (f32(2, 5, 7), f32(2, 7, 3)), **MM),
+    C("addmm", lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), lambda: (f32(3), f32(5, 7), f32(7, 3)), **MM),
+    C("baddbmm", lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5), lambda: (f32(2, 5, 3), f32(2, 5, 7), f32(2, 7, 3)), **MM),
+    C("matmul_broadcast", torch.matmul, lambda: (f32(2, 3, 5, 7), f32(7, 4)), **MM),
+    C("matmul_batch_broadcast", torch.matmul, lambda: (f32(2, 1, 5, 7), f32(3, 7, 4)), **MM),
+    C("matmul_vec", torch.matmul, lambda: (f32(3, 5, 7), f32(7)), **MM),
+    C("mv", torch.mv, lambda: (f32(5, 7), f32(7)), **MM),
+    C("dot", torch.dot, lambda: (f32(7), f32(7)), **MM),
+    C("outer", torch.outer, lambda: (f32(5), f32(4))),
+    C("linear", F.linear, lambda: (f32(2, 3, 8), f32(6, 8), f32(6)), **MM),
+    C("linear_nobias", F.linear, lambda: (f32(4, 8), f32(6, 8)), **MM),
+    C("einsum_bmm", lambda a, b: torch.einsum("bij,bjk->bik", a, b), lambda: (f32(2, 4, 5), f32(2, 5, 3)), **MM),
+    C("einsum_attn", lambda q, k: torch.einsum("bhqd,bhkd->bhqk", q, k), lambda: (f32(1, 2, 4, 8), f32(1, 2, 5, 8)), **MM),
+    C("einsum_rowdot", lambda a, b: torch.einsum("ij,ij->i", a, b), lambda: (f32(4, 6), f32(4, 6)), **MM),
+    # ---- shape and indexing (each with a computation, so the group is not views only)
+    C("view", lambda x: (x * 2).view(4, 3), lambda: (f32(3, 4),)),
+    C("reshape_noncontig", lambda x: (x + 1).t().reshape(-1), lambda: (f32(3, 4),)),
+    C("permute", lambda x: (x * 2).permute(2, 0, 1), lambda: (f32(2, 3, 4),)),
+    C("transpose", lambda x: (x * 2).transpose(0, 2), lambda: (f32(2, 3, 4),)),
+    C("expand", lambda x: (x * 2).expand(3, 2, 4), lambda: (f32(2, 1),)),
+    C("cat", lambda a, b: torch.cat([a, b * 2], dim=1), lambda: (f32(2, 3), f32(2, 2))),
+    C("stack", lambda a, b: torch.stack([a, b * 2], dim=1), lambda: (f32(2, 3), f32(2, 3))),
+    C("split", lambda x: [t * (i + 1) for i, t in enumerate(torch.split(x, [2, 3, 1], dim=1))], lambda: (f32(3, 6),)),
+    C("chunk", lambda x: [t * (i + 1) for i, t in enumerate(torch.chunk(x, 3, dim=0))], lambda: (f32(7, 2),)),
+    C("unbind", lambda x: [t * (i + 1) for i, t in enumerate(torch.unbind(x, 1))], lambda: (f32(2, 3),)),
+    C("slice_step", lambda x: (x * 2)[:, 1:6:2], lambda: (f32(3, 7),)),
+    C("slice_neg", lambda x: (x * 2)[-2:, :-1], lambda: (f32(4, 5),)),
+    C("select", lambda x: (x * 2)[1, :, -1], lambda: (f32(3, 4, 5),)),
+    C("squeeze_unsqueeze", lambda x: ((x * 2).squeeze(1).unsqueeze(0), x.unsqueeze(-1) + 1), lambda: (f32(3, 1, 4),)),
+    C("flatten", lambda x: torch.flatten(x * 2, 1), lambda: (f32(2, 3, 4),)),
+    C("movedim", lambda x: torch.movedim(x * 2, 0, -1), lambda: (f32(2, 3, 4),)),
+    C("repeat", lambda x: x.repeat(2, 1, 3), lambda: (f32(2, 3),)),
+    C("tile", lambda x: torch.tile(x, (2, 2)), lambda: (f32(2, 3),)),
+    C("repeat_interleave", lambda x: torch.repeat_interleave(x, 2, dim=1), lambda: (f32(2, 3),)),
+    C("flip", lambda x: torch.flip(x, [0, 2]), lambda: (f32(2, 3, 4),)),
+    C("roll", lambda x: torch.roll(x, shifts=(1, -2), dims=(0, 1)), lambda: (f32(3, 5),)),
+    C("roll_flat", lambda x: torch.roll(x, 3), lambda: (f32(3, 4),)),
+    C("pad_constant", lambda x: F.pad(x, (1, 2, 0, 1), value=0.5), lambda: (f32(2, 3, 4),)),
+    C("pad_reflect", lambda x: F.pad(x, (2, 1, 1, 2), mode="reflect"), lambda: (f32(1, 2, 4, 5),)),
+    C("pad_replicate", lambda x: F.pad(x, (2, 1, 1, 2), mode="replicate"), lambda: (f32(1, 2, 4, 5),)),
+    C("pad_negative", lambda x: F.pad(x, (-1, 1)) * 2, lambda: (f32(2, 4),)),
+    C("gather", lambda x, i: torch.gather(x, 1, i), lambda: (f32(3, 5), torch.randint(0, 5, (3, 4)))),
+    C("index_select", lambda x, i: torch.index_select(x, 0, i), lambda: (f32(5, 3), torch.tensor([4, 0, 2, 2]))),
+    C("index_tensor", lambda x, i: x[i], lambda: (f32(5, 3), torch.tensor([[1, 3], [4, 1]]))),
+    C("index_negative", lambda x, i: x[:, i], lambda: (f32(3, 5), torch.tensor([-1, 0, -3]))),
+    C("index_2d", lambda x, i, j: x[i, j], lambda: (f32(4, 5), torch.tensor([0, 3, 1]), torch.tensor([4, 0, 2]))),
+    C("index_put", lambda x, i, v: torch.index_put(x, (i,), v), lambda: (f32(5, 3), torch.tensor([4, 0, 2]), f32(3, 3))),
+    C("index_put_accumulate", lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True),
+      lambda: (f32(5, 3), torch.tensor([4, 0, 4]), f32(3, 3))),
+    C("setitem", lambda x, v: _setitem(x, v), lambda: (f32(4, 5), f32(2, 5))),
+    C("scatter", lambda x, i, s: torch.scatter(x, 1, i, s), lambda: (f32(3, 5), torch.tensor([[0, 2], [4, 1], [3, 3]]), f32(3, 2))),
+    C("scatter_add", lambda x, i, s: torch.scatter_add(x, 1, i, s),
+      lambda: (f32(3, 5), torch.tensor([[0, 2, 0], [4, 1, 4], [3, 3, 3]]), f32(3, 3))),
+    C("embedding", lambda i, w: F.embedding(i, w), lambda: (torch.tensor([[1, 4, 4], [0, 2, 7]]), f32(8, 5))),
+    C("embedding_padding_idx", lambda i, w: F.embedding(i, w, padding_idx=0), lambda: (torch.tensor([[1, 0, 4], [0, 2, 7]]), f32(8, 5))),
+    C("tril_triu", lambda x: (torch.tril(x), torch.triu(x, diagonal=1), torch.tril(x, -1)), lambda: (f32(4, 5),)),
+    C("narrow", lambda x: torch.narrow(x * 2, 1, 1, 3), lambda: (f32(3, 5),)),
+    C("diagonal", lambda x: torch.diagonal(x * 2, offset=1), lambda: (f32(4, 5),)),
+    C("clone_contiguous", lambda x: x.t().contiguous() + 0, lambda: (f32(3, 4),)),
+    C("arange", lambda x: x + torch.arange(x.shape[-1], dtype=x.dtype), lambda: (f32(3, 4),)),
+    C("arange_int", lambda x: x * torch.arange(2, 2 + 2 * x.shape[0], 2), lambda: (i64(4),), grad=False),
+    C("full_zeros_ones", lambda x: (torch.zeros_like(x) + x, torch.ones(3, 4) * x, torch.full((3, 4), 2.5) - x, x.new_zeros(3) + 1),
+      lambda: (f32(3, 4),)),
+    # ---- normalization ---------------------------------------------------------------
+    C("layer_norm", lambda x, w, b: F.layer_norm(x, (6,), w, b), lambda: (f32(2, 3, 6), f32(6), f32(6)), **RED),
+    C("layer_norm_noaffine", lambda x: F.layer_norm(x, (3, 6)), lambda: (f32(2, 3, 6),), **RED),
+    C("batch_norm_train", lambda x, rm, rv, w, b: F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.2),
+      lambda: (f32(4, 3, 2, 2), f32(3), pos(3), f32(3), f32(3)), grad_args=(0, 3, 4), **RED),
+    C("batch_norm_eval", lambda x, rm, rv, w, b: F.batch_norm(x, rm, rv, w, b, training=False),
+      lambda: (f32(4, 3, 2, 2), f32(3), pos(3), f32(3), f32(3)), grad_args=(0, 3, 4), **RED),
+    C("batch_norm_nostats", lambda x: F.batch_norm(x, None, None, training=True), lambda: (f32(4, 3, 5),), **RED),
+    C("group_norm", lambda x, w, b: F.group_norm(x, 2, w, b), lambda: (f32(2, 4, 3, 3), f32(4), f32(4)), **RED),
+    C("instance_norm", F.instance_norm, lambda: (f32(2, 3, 4, 4),), **RED),
+    C("rms_norm", lambda x, w: F.rms_norm(x, (6,), w), lambda: (f32(2, 3, 6), f32(6)), **RED),
+    C("normalize", lambda x: F.normalize(x, dim=-1), lambda: (f32(3, 6),), **RED),
+    # ---- convolution and pooling -----------------------------------------------------
+    C("conv1d", lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1), lambda: (f32(2, 3, 9), f32(4, 3, 3), f32(4)), **MM),
+    C("conv1d_dilation", lambda x, w: F.conv1d(x, w, dilation=2, padding=2), lambda: (f32(2, 3, 9), f32(4, 3, 3)), **MM),
+    C("conv2d", lambda x, w, b: F.conv2d(x, w, b), lambda: (f32(2, 3, 6, 6), f32(4, 3, 3, 3), f32(4)), **MM),
+    C("conv2d_stride_pad_dil", lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=(2, 1), dilation=(2, 1)),
+      lambda: (f32(2, 3, 9, 8), f32(4, 3, 3, 3), f32(4)), **MM),
+    C("conv2d_groups", lambda x, w, b: F.conv2d(x, w, b, padding=1, groups=2),
+      lambda: (f32(2, 4, 5, 5), f32(6, 2, 3, 3), f32(6)), **MM),
+    C("conv2d_depthwise", lambda x, w: F.conv2d(x, w, padding="same", groups=4),
+      lambda: (f32(1, 4, 6, 6), f32(4, 1, 3, 3)), **MM),
+    C("conv_transpose2d", lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1),
+      lambda: (f32(2, 3, 4, 4), f32(3, 4, 3, 3), f32(4)), **MM),
+    C("conv_transpose2d_groups_dil", lambda x, w: F.conv_transpose2d(x, w, stride=1, padding=1, groups=2, dilation=2),
+      lambda: (f32(1, 4, 4, 4), f32(4, 3, 3, 3)), **MM),
+    C("max_pool2d", lambda x: F.max_pool2d(x, 2), lambda: (f32(2, 3, 6, 6),)),
+    C("max_pool2d_pad", lambda x: F.max_pool2d(x, 3, stride=2, padding=1), lambda: (f32(2, 3, 7, 7),)),
+    C("max_pool2d_ceil", lambda x: F.max_pool2d(x, 2, stride=2, ceil_mode=True), lambda: (f32(1, 2, 5, 5),)),
+    C("max_pool1d", lambda x: F.max_pool1d(x, 3, stride=2), lambda: (f32(2, 3, 9),)),
+    C("avg_pool2d", lambda x: F.avg_pool2d(x, 2), lambda: (f32(2, 3, 6, 6),), **RED),
+    C("avg_pool2d_pad", lambda x: F.avg_pool2d(x, 3, stride=2, padding=1), lambda: (f32(2, 3, 7, 7),), **RED),
+    C("avg_pool2d_pad_exclude", lambda x: F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False),
+      lambda: (f32(2, 3, 7, 7),), **RED),
+    C("avg_pool2d_ceil", lambda x: F.avg_pool2d(x, 2, ceil_mode=True), lambda: (f32(1, 2, 5, 5),), **RED),
+    C("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), lambda: (f32(2, 3, 4, 6),), **RED),
+    C("adaptive_avg_pool2d_uneven", lambda x: F.adaptive_avg_pool2d(x, 3), lambda: (f32(1, 2, 5, 7),), **RED),
+    C("adaptive_avg_pool2d_global", lambda x: F.adaptive_avg_pool2d(x, 1), lambda: (f32(2, 3, 5, 5),), **RED),
+    C("interpolate_nearest", lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), lambda: (f32(1, 2, 3, 4),)),
+    C("interpolate_nearest_size", lambda x: F.interpolate(x, size=(5, 7), mode="nearest"), lambda: (f32(1, 2, 3, 4),)),
+    C("interpolate_bilinear", lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), lambda: (f32(1, 2, 3, 4),), **RED),
+    C("interpolate_bilinear_ac", lambda x: F.interpolate(x, size=(5, 7), mode="bilinear", align_corners=True),
+      lambda: (f32(1, 2, 3, 4),), **RED),
+    C("interpolate_bilinear_down", lambda x: F.interpolate(x, size=(3, 2), mode="bilinear"), lambda: (f32(1, 2, 6, 5),), **RED),
+    # ---- attention -------------------------------------------------------------------
+    C("sdpa", F.scaled_dot_product_attention, lambda: (f32(2, 2, 5, 8), f32(2, 2, 6, 8), f32(2, 2, 6, 8)), **MM),
+    C("sdpa_causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+      lambda: (f32(1, 2, 5, 8), f32(1, 2, 5, 8), f32(1, 2, 5, 8)), **MM),
+    C("sdpa_bool_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+      lambda: (f32(1, 2, 5, 8), f32(1, 2, 6, 8), f32(1, 2, 6, 8), _attn_bool_mask(5, 6)), **MM),
+    C("sdpa_float_mask_scale", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3),
+      lambda: (f32(1, 2, 5, 8), f32(1, 2, 6, 8), f32(1, 2, 6, 8), f32(1, 1, 5, 6)), **MM),
+    # ---- losses ----------------------------------------------------------------------
+    C("cross_entropy", lambda x, t: F.cross_entropy(x, t), lambda: (f32(4, 5), torch.tensor([0, 4, 2, 2])), **RED),
+    C("cross_entropy_smooth_weight", lambda x, t, w: F.cross_entropy(x, t, weight=w, label_smoothing=0.1),
+      lambda: (f32(4, 5), torch.tensor([0, 4, 2, 2]), pos(5)), grad_args=(0,), **RED),
+    C("cross_entropy_ignore_sum", lambda x, t: F.cross_entropy(x, t, ignore_index=-100, reduction="sum"),
+      lambda: (f32(4, 5), torch.tensor([0, -100, 2, 1])), **RED),
+    C("cross_entropy_nd", lambda x, t: F.cross_entropy(x, t), lambda: (f32(2, 5, 3), torch.tensor([[0, 4, 2], [1, 1, 3]])), **RED),
+    C("cross_entropy_probs", lambda x, p: F.cross_entropy(x, p), lambda: (f32(4, 5), F.softmax(f32(4, 5), -1)), grad_args=(0,), **RED),
+    C("nll_loss", lambda x, t: F.nll_loss(F.log_softmax(x, -1), t), lambda: (f32(4, 5), torch.tensor([3, 1, 0, 4])), **RED),
+    C("nll_loss_none", lambda x, t: F.nll_loss(x, t, reduction="none"), lambda: (f32(4, 5), torch.tensor([3, 1, 0, 4]))),
+    C("mse_loss", F.mse_loss, lambda: (f32(3, 4), f32(3, 4)), **RED),
+    C("l1_loss", F.l1_loss, lambda: (f32(3, 4), f32(3, 4)), **RED),
+    C("smooth_l1_loss", lambda a, b: F.smooth_l1_loss(a, b, beta=0.5), lambda: (f32(3, 4), f32(3, 4)), **RED),
+    C("huber_loss", lambda a, b: F.huber_loss(a, b, delta=0.7), lambda: (f32(3, 4), f32(3, 4)), **RED),
+    C("bce_with_logits", F.binary_cross_entropy_with_logits, lambda: (f32(3, 4, scale=2), f32(3, 4, lo=0, hi=1)), **RED),
+    C("bce", lambda x, t: F.binary_cross_entropy(torch.sigmoid(x), t), lambda: (f32(3, 4, scale=2), f32(3, 4, lo=0, hi=1)), **RED),
+    C("kl_div", lambda x, t: F.kl_div(F.log_softmax(x, -1), t, reduction="batchmean"),
+      lambda: (f32(3, 4), F.softmax(f32(3, 4), -1)), **RED),
+    # ---- sorting ---------------------------------------------------------------------
+    C("topk", lambda x: torch.topk(x, 3, dim=-1), lambda: (f32(3, 6),)),
+    C("topk_smallest", lambda x: torch.topk(x, 2, dim=0, largest=False), lambda: (f32(5, 3),)),
+    C("sort", lambda x: torch.sort(x, dim=-1), lambda: (f32(3, 6),)),
+    C("sort_descending", lambda x: torch.sort(x, dim=0, descending=True), lambda: (f32(5, 3),)),
+    C("argsort_int", lambda x: torch.argsort(x, dim=-1), lambda: (perm_i64(3, 6),), grad=False),
+    # ---- random ops (kept in PyTorch by design) --------------------------------------
+    C("dropout", lambda x: F.dropout(x, 0.5, training=True) * 2, lambda: (f32(4, 5),),
+      fallback={"aten.native_dropout.default": "random op"}),
+    C("rand_like", lambda x: x + torch.rand_like(x), lambda: (f32(4, 5),),
+      fallback={"aten.rand.default": "random op"}),
+]
+
+
+def _setitem(x, v):
+    y = x * 1.0
+    y[1:3] = v
+    return y
+
+
+def _attn_bool_mask(lq, lk):
+    m = torch.rand(lq, lk) < 0.7
+    m[:, 0] = True  # no row fully masked (PyTorch gives NaN there)
+    return m
+
+
+# -- the harness ----------------------------------------------------------------------
+
+
+def _prepare(inputs, case):
+    out = []
+    for i, t in enumerate(inputs):
+        t = t.detach().clone()
+        wants = case.grad and t.is_floating_point() and (case.grad_args is None or i in case.grad_args)
+        out.append(t.requires_grad_(wants))
+    return out
+
+
+def _with_loss(fn, diff_idx):
+    """fn's outputs and the weighted sum of its differentiable outputs."""
+
+    def wrapped(*args):
+        n = len(args) - len(diff_idx)
+        inputs, weights = args[:n], args[n:]
+        out = fn(*inputs)
+        leaves = pytree.tree_leaves(out)
+        loss = sum((leaves[i] * w).sum() for i, w in zip(diff_idx, weights))
+        return out, loss
+
+    return wrapped
+
+
+def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.numel() == 0:
+        return 0.0
+    return (a.detach().double() - b.detach().double()).abs().max().item()
+
+
+def _compare(what, got, expected, rtol, atol):
+    assert type(got) is type(expected) or isinstance(got, torch.Tensor), f"{what}: {type(got)} != {type(expected)}"
+    assert got.shape == expected.shape, f"{what}: shape {tuple(got.shape)} != {tuple(expected.shape)}"
+    assert got.dtype == expected.dtype, f"{what}: dtype {got.dtype} != {expected.dtype}"
+    if expected.is_floating_point():
+        torch.testing.assert_close(got.detach(), expected.detach(), rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+    else:
+        assert torch.equal(got, expected), f"{what}: {got} != {expected}"
+
+
+def _compare_ref64(what, got, expected, ref):
+    """lort's error against float64 is within REF64_FACTOR of eager float32's error."""
+    if not expected.is_floating_point():
+        return
+    err_eager = _max_err(expected, ref)
+    err_lort = _max_err(got, ref)
+    scale = ref.detach().abs().max().item() if ref.numel() else 0.0
+    floor = 1e-6 * max(scale, 1.0)
+    assert err_lort <= REF64_FACTOR * err_eager + floor, (
+        f"{what}: lort's max error against float64 is {err_lort:.3g}, "
+        f"eager float32's is {err_eager:.3g} (allowed {REF64_FACTOR} x + {floor:.1g})"
+    )
+
+
+def _run(fn, inputs, weights, diff_idx, seed=SEED):
+    """Run ``fn`` (a ``_with_loss`` function), then backward its loss."""
+    torch.manual_seed(seed)
+    out, loss = fn(*inputs, *weights)
+    grads = None
+    if diff_idx:
+        loss.backward()
+        grads = [t.grad for t in inputs if t.requires_grad]
+    return out, grads
+
+
+def check_records(case: Case, backend: lort.LortBackend) -> None:
+    """Every ATen node ran in ORT, except the case's declared fallbacks."""
+    kinds = sorted(r.kind for r in backend.records)
+    assert kinds == (["backward", "forward"] if case.grad else ["inference"]), (
+        f"unexpected graphs {kinds}: " + "; ".join(r.summary() for r in backend.records)
+    )
+    seen = set()
+    for r in backend.records:
+        assert r.ort_nodes > 0, f"{r.summary()}: nothing ran in ORT"
+        for op, reason in r.fallbacks:
+            expected = case.fallback.get(op)
+            assert expected is not None and expected in reason, f"{r.name}: {op} ran in PyTorch: {reason}"
+            seen.add(op)
+        assert r.torch_nodes == sum(1 for op, _ in r.fallbacks if op in case.fallback)
+    missing = set(case.fallback) - seen
+    assert not missing, f"declared fallbacks {sorted(missing)} did not happen: the case should be updated"
+
+
+def _params():
+    out = []
+    for c in CASES:
+        marks = [pytest.mark.xfail(reason=c.xfail, strict=True)] if c.xfail else []
+        out.append(pytest.param(c, id=c.name, marks=marks))
+    return out
+
+
+def test_table_size():
+    names = [c.name for c in CASES]
+    assert len(names) == len(set(names)), "case names must be unique"
+    assert len(CASES) >= 85
+
+
+@pytest.mark.parametrize("case", _params())
+def test_op(case: Case):
+    torch.manual_seed(SEED)
+    raw = tuple(case.inputs())
+    eager_in = _prepare(raw, case)
+    lort_in = _prepare(raw, case)
+
+    # Which outputs the loss weighs: float outputs that carry grad.
+    torch.manual_seed(SEED)
+    probe = pytree.tree_leaves(case.fn(*_prepare(raw, case)))
+    diff_idx = [i for i, t in enumerate(probe) if isinstance(t, torch.Tensor) and t.requires_grad] if case.grad else []
+    if case.grad:
+        assert diff_idx, "a differentiable case must have an output that requires grad"
+    gen = torch.Generator().manual_seed(SEED + 1)
+    weights = [torch.randn(probe[i].shape, generator=gen) for i in diff_idx]
+
+    backend = lort.LortBackend()
+    fn = _with_loss(case.fn, diff_idx)
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    got, got_grads = _run(compiled, lort_in, weights, diff_idx)
+    expected, exp_grads = _run(fn, eager_in, weights, diff_idx)
+
+    check_records(case, backend)
+
+    got_leaves, expected_leaves = pytree.tree_leaves(got), pytree.tree_leaves(expected)
+    assert len(got_leaves) == len(expected_leaves)
+    pairs = [(f"output {i}", g, e) for i, (g, e) in enumerate(zip(got_leaves, expected_leaves))]
+    # Inputs the op mutates (batch norm's running stats).
+    pairs += [(f"input {i} after the call", g, e) for i, (g, e) in enumerate(zip(lort_in, eager_in))]
+    for what, g, e in pairs:
+        _compare(what, g, e, case.rtol, case.atol)
+    grtol = case.grad_rtol if case.grad_rtol is not None else case.rtol
+    gatol = case.grad_atol if case.grad_atol is not None else case.atol
+    if case.grad:
+        assert len(got_grads) == len(exp_grads)
+        for i, (g, e) in enumerate(zip(got_grads, exp_grads)):
+            assert g is not None and e is not None, f"grad {i} missing"
+            _compare(f"grad of input {i}", g, e, grtol, gatol)
+
+    if case.ref64:
+        ref_in = [t.detach().double().requires_grad_(t.requires_grad) if t.is_floating_point() else t.detach().clone()
+                  for t in _prepare(raw, case)]
+        ref, ref_grads = _run(fn, ref_in, [w.double() for w in weights], diff_idx)
+        for i, (g, e, r) in enumerate(zip(got_leaves, expected_leaves, pytree.tree_leaves(ref))):
+            _compare_ref64(f"output {i}", g, e, r)
+        for i, (g, e, r) in enumerate(zip(got_grads or [], exp_grads or [], ref_grads or [])):
+            _compare_ref64(f"grad of input {i}", g, e, r)
