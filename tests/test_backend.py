@@ -229,3 +229,28 @@ def test_bfloat16_stays_in_pytorch_with_reason():
     torch.testing.assert_close(out, (x * 2).relu())
     assert backend.records[0].ort_nodes == 0
     assert all("bfloat16" in reason for _, reason in backend.records[0].fallbacks)
+
+
+def test_dynamic_shapes_reuse_one_session_per_group():
+    from lort.testing.models import MLP
+
+    torch.manual_seed(0)
+    m = MLP()
+    backend = LortBackend()
+    cm = torch.compile(m, backend=backend, dynamic=True)
+    sessions = None
+    for n in (3, 5, 7):
+        x = torch.randn(n, 64, requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        y = cm(x)
+        ye = m(xe)
+        torch.testing.assert_close(y, ye, rtol=1e-5, atol=1e-5)
+        y.pow(2).sum().backward()
+        ye.pow(2).sum().backward()
+        torch.testing.assert_close(x.grad, xe.grad, rtol=1e-4, atol=1e-5)
+        total = sum(len(mod.sessions) for r in backend.records for mod in r.group_modules.values())
+        if sessions is None:
+            sessions = total
+        assert total == sessions  # new sizes compile nothing
+    assert [r.kind for r in backend.records] == ["forward", "backward"]
+    assert all(r.torch_nodes == 0 for r in backend.records)

@@ -61,10 +61,13 @@ class OrtGroup(torch.nn.Module):
         self._out_metas = [v.meta["val"] for v in out_node.args[0]]
         self._outputs = [OutputSpec(m.dtype, _static_shape(m)) for m in self._out_metas]
         self._restride = [_needs_restride(m) for m in self._out_metas]
+        self._any_restride = any(r is not None for r in self._restride)
+        self._identity_where = where is None or list(where) == list(range(len(where)))
         devices = {m.device for m in self._out_metas}
         self.device = torch.device(next(iter(devices)))
         self.model_bytes: bytes | None = None
         self.sessions: dict[tuple, GroupSession] = {}
+        self._static_session: GroupSession | None = None
         self.num_nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
         self._dynamic = any(
             not isinstance(n.meta.get("val"), torch.Tensor) or _static_shape(n.meta["val"]) is None
@@ -87,7 +90,9 @@ class OrtGroup(torch.nn.Module):
                 f.write(self.model_bytes)
             logger.info("lort: wrote %s", path)
         metas = [n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder"]
-        self._session(self._spec(metas))
+        sess = self._session(self._spec(metas))
+        if not self._dynamic:
+            self._static_session = sess
 
     def _spec(self, args) -> tuple:
         """The argument spec a session is cached by. With symbolic dims in the graph the
@@ -107,10 +112,14 @@ class OrtGroup(torch.nn.Module):
 
     # -- run ---------------------------------------------------------------------
     def _run_ort(self, args) -> list[torch.Tensor]:
-        outs = self._session(self._spec(args)).run(args)
-        for i, rs in enumerate(self._restride):
-            if rs is not None:
-                outs[i] = torch.empty_strided(rs[0], rs[1], dtype=outs[i].dtype, device=outs[i].device).copy_(outs[i])
+        # A static graph is only ever called with its own spec (Dynamo guards shapes,
+        # dtypes and devices), so its one session is used without computing the spec.
+        sess = self._static_session or self._session(self._spec(args))
+        outs = sess.run(args)
+        if self._any_restride:
+            for i, rs in enumerate(self._restride):
+                if rs is not None:
+                    outs[i] = torch.empty_strided(rs[0], rs[1], dtype=outs[i].dtype, device=outs[i].device).copy_(outs[i])
         return outs
 
     def forward(self, *args):
@@ -123,6 +132,8 @@ class OrtGroup(torch.nn.Module):
             outs = self._run_ort(args)
             ref = self.gm(*args)
             compare_outputs(self.name, outs, ref, self.options.rtol, self.options.atol)
+        if self._identity_where:
+            return tuple(outs)
         return tuple(outs[i] for i in self.where)
 
 

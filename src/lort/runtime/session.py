@@ -97,44 +97,102 @@ class GroupSession:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._ort_device = _ort_device(device)
         self._run_options = ort.RunOptions()
+        self._static_outputs = all(o.shape is not None for o in outputs)
+        # A persistent binding: inputs are rebound only when a tensor's memory changed
+        # (parameters keep theirs across calls and optimizer steps), outputs every call.
+        self._binding = _FastBinding(self.session, self._ort_device)
+        self._bound: list = [None] * len(self.input_names)
+        self._lock = threading.Lock()
 
-    def run(self, args: list) -> list[torch.Tensor]:
+    def run(self, args) -> list[torch.Tensor]:
         """Run on torch tensors (and Python int/float scalars), sharing memory with ORT."""
-        binding = self.session.io_binding()
-        dev_type, dev_id = self._ort_device
-        keep = []  # tensors whose memory ORT reads must outlive the run
-        for name, a in zip(self.input_names, args):
-            if isinstance(a, torch.Tensor):
-                t = a.detach()
-                if not t.is_contiguous():
-                    t = t.contiguous()
+        with self._lock:
+            if not self._static_outputs:
+                self._binding = _FastBinding(self.session, self._ort_device)
+                self._bound = [None] * len(self.input_names)
+            binding = self._binding
+            keep = []  # temporaries whose memory ORT reads must outlive the run
+            for i, a in enumerate(args):
+                if isinstance(a, torch.Tensor):
+                    t = a if a.is_contiguous() else a.contiguous()
+                else:
+                    t = torch.tensor(a, dtype=torch.int64 if isinstance(a, int) else torch.float32, device=self.device)
+                if t is not a:
+                    keep.append(t)
+                key = (t.data_ptr(), t.shape, t.dtype)
+                if key != self._bound[i] or key[0] == 0:
+                    binding.bind_input(self.input_names[i], _NP_DTYPES[t.dtype], tuple(t.shape), t.data_ptr())
+                    self._bound[i] = key
+            results: list[torch.Tensor] = []
+            if self._static_outputs:
+                for name, spec in zip(self.output_names, self.outputs):
+                    out = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
+                    binding.bind_output(name, _NP_DTYPES[spec.dtype], spec.shape, out.data_ptr())
+                    results.append(out)
+                binding.run(self._run_options)
             else:
-                t = torch.tensor(a, dtype=torch.int64 if isinstance(a, int) else torch.float32, device=self.device)
-            if t.numel() == 0:
-                t = torch.empty(1, dtype=t.dtype, device=t.device)[:0].reshape(t.shape)
-            keep.append(t)
-            binding.bind_input(name, dev_type, dev_id, _NP_DTYPES[t.dtype], tuple(t.shape), t.data_ptr())
-        results: list[torch.Tensor | None] = []
-        for name, spec in zip(self.output_names, self.outputs):
-            if spec.shape is not None and all(d > 0 for d in spec.shape):
-                out = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
-                binding.bind_output(name, dev_type, dev_id, _NP_DTYPES[spec.dtype], spec.shape, out.data_ptr())
-                results.append(out)
-            else:
-                binding.bind_output(name, dev_type, dev_id)
-                results.append(None)
-        self.session.run_with_iobinding(binding, self._run_options)
-        stats.ort_runs += 1
-        if any(r is None for r in results):
-            ort_values = binding.get_outputs()
-            for i, r in enumerate(results):
-                if r is None:
-                    results[i] = _from_ortvalue(ort_values[i], self.outputs[i].dtype, self.device)
-        del keep
-        return results  # type: ignore[return-value]
+                for name in self.output_names:
+                    binding.bind_output_device(name)
+                binding.run(self._run_options)
+                results = [
+                    _from_ortvalue(v, spec.dtype, self.device)
+                    for v, spec in zip(binding.get_outputs(), self.outputs)
+                ]
+            stats.ort_runs += 1
+            del keep
+            return results
+
+
+class _FastBinding:
+    """An IOBinding with its device resolved once.
+
+    onnxruntime's public IOBinding wrapper resolves the device on every bind; on the
+    hot path lort calls the bound C++ methods behind it directly (``_iobinding``,
+    ``_sess``, ``OrtDevice._get_c_device``), and falls back to the public API if a
+    future onnxruntime renames them."""
+
+    def __init__(self, session: ort.InferenceSession, device: tuple[str, int]):
+        self._public = session.io_binding()
+        self._device = device
+        self._session = session
+        c_binding = getattr(self._public, "_iobinding", None)
+        c_session = getattr(session, "_sess", None)
+        try:
+            c_device = ort.OrtDevice.make(*device)._get_c_device()
+        except Exception:  # pragma: no cover - depends on the onnxruntime version
+            c_device = None
+        self._fast = c_binding is not None and c_session is not None and c_device is not None
+        if self._fast:
+            self._c_binding, self._c_session, self._c_device = c_binding, c_session, c_device
+
+    def bind_input(self, name, np_dtype, shape, ptr) -> None:
+        if self._fast:
+            self._c_binding.bind_input(name, self._c_device, np_dtype, shape, ptr)
+        else:  # pragma: no cover
+            self._public.bind_input(name, self._device[0], self._device[1], np_dtype, shape, ptr)
+
+    def bind_output(self, name, np_dtype, shape, ptr) -> None:
+        if self._fast:
+            self._c_binding.bind_output(name, self._c_device, np_dtype, shape, ptr)
+        else:  # pragma: no cover
+            self._public.bind_output(name, self._device[0], self._device[1], np_dtype, shape, ptr)
+
+    def bind_output_device(self, name) -> None:
+        self._public.bind_output(name, self._device[0], self._device[1])
+
+    def run(self, run_options) -> None:
+        if self._fast:
+            self._c_session.run_with_iobinding(self._c_binding, run_options)
+        else:  # pragma: no cover
+            self._session.run_with_iobinding(self._public, run_options)
+
+    def get_outputs(self):
+        return self._public.get_outputs()
 
 
 def _from_ortvalue(value, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor owning the data of an ORT-allocated output (shapes known only after
+    the run). The binding is fresh for each such run, so ORT does not reuse it."""
     if device.type == "cpu":
         return torch.from_numpy(value.numpy()).to(dtype)
-    return torch.from_dlpack(value.to_dlpack()) if hasattr(value, "to_dlpack") else torch.from_numpy(value.numpy()).to(device)
+    return torch.from_dlpack(value._ortvalue.to_dlpack()).to(dtype)
