@@ -9,8 +9,16 @@ runs it on CPU with inputs built from a fixed seed, and checks
   (same weights for eager and lort), so the backward graph always computes something;
 * that the op really ran in ORT: every ATen node of every captured graph (forward,
   backward or inference) is in an ORT group (``record.torch_nodes == 0``), unless the
-  case declares which op stays in PyTorch and why (random ops, by design). A case where
-  everything ran in PyTorch would compare PyTorch with itself.
+  case declares which op stays in PyTorch and why (``fallback``: random ops by design,
+  ops torch_lib cannot translate, nodes listed as known-wrong in
+  ``lort.translate._compat._known_wrong``); every graph has ORT work, and ORT ran each
+  group (``lort.stats.ort_runs``). A case where everything ran in PyTorch would compare
+  PyTorch with itself.
+
+Cases for the known-wrong translations use inputs that expose the bug, so removing an
+entry from ``_known_wrong`` fails its case on the values. Known bugs not fixed yet are
+strict xfails that state the bug (NaN semantics of ORT's max/argmax/TopK/MaxPool/Sign,
+int64 ReduceSum, zero-size outputs, two decomposition-table crashes).
 
 Tolerances: 1e-5 (abs and rel) for elementwise float32 ops, which ORT and PyTorch compute
 with the same formula up to the last bits of libm/vectorized approximations. Reductions,
@@ -25,12 +33,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any, Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+from torch._dynamo.exc import BackendCompilerFailed
 
 import lort
 
@@ -57,10 +67,11 @@ class Case:
     #: Also compare eager float32 and lort with an eager float64 reference: lort's max
     #: error must be within REF64_FACTOR * eager's (plus a tiny floor).
     ref64: bool = False
-    #: ATen ops that are expected to run in PyTorch: {op name: substring of the reason}.
+    #: ATen ops that are expected to run in PyTorch: {op name: regex the reason matches}.
     fallback: dict[str, str] = dataclasses.field(default_factory=dict)
-    #: Reason for a strict xfail, or None.
+    #: Reason for a strict xfail, or None; and the exception the case fails with.
     xfail: str | None = None
+    xfail_raises: type = AssertionError
 
 
 REF64_FACTOR = 8.0
@@ -113,7 +124,42 @@ RED = dict(rtol=1e-4, atol=1e-5, ref64=True)
 #: Matmul/conv: blocked MLAS vs MKL/oneDNN accumulation, K up to ~64.
 MM = dict(rtol=1e-4, atol=1e-4, ref64=True)
 
-aten = torch.ops.aten
+#: Reasons of expected fallbacks (regexes over the fallback reason in ``record.fallbacks``).
+#: Mixed-dtype nodes (float op int64/bool, sum/cumsum/argmax of bool, int/int true
+#: division) fail to build an ORT session: lort translates AOTAutograd's graphs without
+#: torch.onnx's type-promotion pass (``_fx_passes.insert_type_promotion_nodes``), and
+#: torch_lib's functions expect the explicit casts it inserts. Not wrong, only slower.
+MIXED_DTYPES = (
+    r"could not build a session.*(bound to different types|Type 'tensor\(\w+\)' of input"
+    r"|of operator \(And\)|does not match expected type)"
+)
+#: No torch_lib translation and no PyTorch decomposition into translatable ops.
+NO_TRANSLATION = "no torch_lib translation registered"
+#: Random ops stay in PyTorch by design, so results follow PyTorch's RNG.
+RANDOM = "random op"
+#: Ops listed in ``lort.translate._compat._known_wrong`` for some arguments: those nodes
+#: run in PyTorch (substrings of the reasons given there).
+WRONG_DIV_MODE = "div with rounding_mode computes"
+WRONG_FLOOR = "computes float floor division as floor"
+WRONG_ATAN2 = "torch_lib's atan2"
+WRONG_BETA0 = "beta == 0"
+WRONG_DIVISOR = "ignores divisor_override"
+WRONG_SCATTER_MEAN = "no 'mean' reduction"
+WRONG_INT_MEAN = "mean of an integer tensor"
+
+#: Backward of amax/amin/max/inf-norm: splits the gradient among ties, counting them with
+#: a sum of a bool mask and dividing float by int64 (mixed dtypes).
+TIES_BACKWARD = {"aten.sum.dim_IntList": MIXED_DTYPES, "aten.div.Tensor": MIXED_DTYPES, "aten.mul.Tensor": MIXED_DTYPES}
+AVG_POOL_BACKWARD = {"aten.avg_pool2d_backward.default": NO_TRANSLATION}
+
+NAN = float("nan")
+INF = float("inf")
+
+
+def _exact_quotients():
+    """Dividends and divisors whose float32 quotient rounds to (or sits at) an integer."""
+    return (torch.tensor([7.0, -7.0, 1.0, 0.3, 5.5, -5.5, 0.0, 3.0]),
+            torch.tensor([0.1, 0.1, 0.1, 0.1, -2.0, 2.0, 3.0, -3.0]))
 
 CASES: list[Case] = [
     # ---- elementwise unary -----------------------------------------------------------
@@ -144,7 +190,19 @@ CASES: list[Case] = [
     C("round_decimals", lambda x: torch.round(x, decimals=2), lambda: (f32(3, 4, scale=3),), grad=False),
     C("trunc", torch.trunc, lambda: (f32(3, 4, scale=3),), grad=False),
     C("frac", torch.frac, lambda: (f32(3, 4, scale=3),)),
-    C("sign", torch.sign, lambda: (f32(3, 4),), grad=False),
+    C("sign", torch.sign, lambda: (torch.tensor([0.0, -0.0, 2.0, -3.0, 0.5]),), grad=False),
+    C("round_half_even", torch.round, lambda: (torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997]),),
+      grad=False),
+    C("log10_exp2", lambda x: (torch.log10(x), torch.exp2(x)), lambda: (pos(3, 4),)),
+    C("asinh_acosh_atanh", lambda x: (torch.asinh(x), torch.acosh(x + 2), torch.atanh(x / 2)),
+      lambda: (f32(3, 4, lo=-0.9, hi=0.9),)),
+    C("xlogy", torch.xlogy, lambda: (torch.tensor([0.0, 1.0, 2.0, 0.5]), pos(4)), grad_args=(1,)),
+    C("heaviside", torch.heaviside, lambda: (torch.tensor([-1.0, 0.0, 2.0]), torch.tensor([0.5])), grad=False),
+    C("special_values", lambda x: (torch.log(x), torch.sqrt(x), torch.rsqrt(x), torch.reciprocal(x), x / 0.0),
+      lambda: (torch.tensor([0.0, -0.0, -1.0, 4.0, INF]),), grad=False),
+    C("large_inputs", lambda x: (F.softplus(x), F.softplus(x, beta=2, threshold=5), F.mish(x), torch.sigmoid(x),
+                                 F.silu(x), torch.tanh(x), F.gelu(x), F.elu(x), torch.exp(x)),
+      lambda: (torch.tensor([-1000.0, -100.0, -30.0, 0.0, 2.6, 19.0, 21.0, 100.0, 1000.0]),), grad=False),
     C("pow_scalar", lambda x: x**3, lambda: (f32(3, 4),)),
     C("pow_half", lambda x: x**0.5, lambda: (pos(3, 4),)),
     C("square", torch.square, lambda: (f32(3, 4),)),
@@ -163,18 +221,33 @@ CASES: list[Case] = [
     C("rsub", lambda a: 2.0 - a, lambda: (f32(3, 4),)),
     C("mul", torch.mul, lambda: (f32(2, 3, 4), f32(3, 1))),
     C("div", torch.div, lambda: (f32(3, 4), away0(3, 4))),
-    C("div_floor", lambda a, b: torch.div(a, b, rounding_mode="floor"), lambda: (f32(3, 4, scale=4), away0(3, 4)), grad=False),
-    C("div_trunc", lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda: (f32(3, 4, scale=4), away0(3, 4)), grad=False),
-    C("remainder", torch.remainder, lambda: (f32(3, 4, scale=4), away0(3, 4)), grad_args=(0,)),
+    C("div_floor", lambda a, b: torch.div(a, b, rounding_mode="floor") + 1, lambda: (f32(3, 4, scale=4), away0(3, 4)),
+      grad=False, fallback={"aten.div.Tensor_mode": WRONG_DIV_MODE}),
+    # Quotients that round to an integer in float32: 7 // 0.1 is 69 (PyTorch, exact), not 70.
+    C("div_floor_exact", lambda a, b: (torch.div(a, b, rounding_mode="floor") + 1, a // b + 1, a // 0.1 + 1),
+      _exact_quotients,
+      grad=False, fallback={"aten.div.Tensor_mode": WRONG_DIV_MODE, "aten.floor_divide.default": WRONG_FLOOR}),
+    C("div_trunc", lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda: (f32(3, 4, scale=4), away0(3, 4)),
+      grad=False),
+    C("remainder", torch.remainder, lambda: (f32(3, 4, scale=4), away0(3, 4)), grad_args=(0,),
+      fallback={"aten.remainder.Tensor": WRONG_FLOOR}),
+    C("remainder_exact", lambda a, b: (torch.remainder(a, b) + 1, a % 0.1 + 1), _exact_quotients,
+      grad=False, fallback={"aten.remainder.Tensor": WRONG_FLOOR, "aten.remainder.Scalar": WRONG_FLOOR}),
     C("fmod", torch.fmod, lambda: (f32(3, 4, scale=4), away0(3, 4)), grad_args=(0,)),
     C("maximum", torch.maximum, lambda: (f32(3, 4), f32(3, 4))),
     C("minimum", torch.minimum, lambda: (f32(3, 4), f32(4))),
-    C("atan2", torch.atan2, lambda: (f32(3, 4), f32(3, 4))),
+    C("atan2", torch.atan2, lambda: (f32(3, 4), f32(3, 4)), fallback={"aten.atan2.default": WRONG_ATAN2}),
+    # torch_lib gives atan2(0, -1) = -pi.
+    C("atan2_zeros", lambda y, x: torch.atan2(y, x) + 1,
+      lambda: (torch.tensor([0.0, -0.0, 0.0, -0.0, 1.0, -1.0, 0.0, -0.0]),
+               torch.tensor([0.0, 0.0, -0.0, -0.0, 0.0, 0.0, -1.0, -1.0])),
+      grad=False, fallback={"aten.atan2.default": WRONG_ATAN2}),
     C("pow_tensor", torch.pow, lambda: (pos(3, 4), f32(3, 4))),
     C("lerp", lambda a, b, w: torch.lerp(a, b, w), lambda: (f32(3, 4), f32(3, 4), f32(3, 4, lo=0, hi=1))),
     C("addcmul", lambda a, b, c: torch.addcmul(a, b, c, value=0.5), lambda: (f32(3, 4), f32(3, 4), f32(3, 4))),
     C("addcdiv", lambda a, b, c: torch.addcdiv(a, b, c, value=0.5), lambda: (f32(3, 4), f32(3, 4), away0(3, 4))),
-    C("hypot", torch.hypot, lambda: (f32(3, 4), f32(3, 4))),
+    # aten.hypot decomposes to prims.hypot, which torch_lib cannot translate.
+    C("hypot", torch.hypot, lambda: (f32(3, 4), f32(3, 4)), fallback={"prims.hypot.default": NO_TRANSLATION}),
     C("where", lambda c, a, b: torch.where(c, a, b), lambda: (boolean(3, 4), f32(3, 4), f32(1, 4))),
     C("where_scalar", lambda c, a: torch.where(c, a, 0.0), lambda: (boolean(3, 4), f32(3, 4))),
     C("masked_fill", lambda x, m: x.masked_fill(m, -2.0), lambda: (f32(3, 4), boolean(3, 4))),
@@ -187,21 +260,51 @@ CASES: list[Case] = [
     C("logical", lambda a, b: (a & b, a | b, a ^ b, ~a, torch.logical_and(a, b), torch.logical_or(a, b),
                                torch.logical_xor(a, b), torch.logical_not(b)),
       lambda: (boolean(3, 4), boolean(3, 4)), grad=False),
-    C("bitwise_int", lambda a, b: (a & b, a | b, a ^ b, ~a), lambda: (i64(3, 4, lo=-20, hi=20), i64(3, 4, lo=0, hi=20)), grad=False),
+    C("bitwise_int", lambda a, b: (a & b, a | b, a ^ b, ~a), lambda: (i64(3, 4, lo=-20, hi=20), i64(3, 4, lo=0, hi=20)),
+      grad=False),
     C("int_arith", lambda a, b: (a + b, a - b, a * b, -a, torch.abs(a), a * 3 + 1),
       lambda: (i64(3, 4), i64(3, 4)), grad=False),
-    C("int_floordiv", lambda a, b: (a // b, torch.div(a, b, rounding_mode="floor")),
+    C("int_floordiv", lambda a, b: (a // b, a // -3, a // 4),
       lambda: (i64(4, 5, lo=-20, hi=20), nz_i64(4, 5)), grad=False),
-    C("int_truncdiv", lambda a, b: torch.div(a, b, rounding_mode="trunc"),
-      lambda: (i64(4, 5, lo=-20, hi=20), nz_i64(4, 5)), grad=False),
+    # torch_lib divides integers in float32: wrong beyond 2**24.
+    C("int_div_mode", lambda a, b: (torch.div(a, b, rounding_mode="floor") + 1,
+                                    torch.div(a, b, rounding_mode="trunc") + 1,
+                                    torch.div(a, 2, rounding_mode="floor") + 1),
+      lambda: (torch.tensor([2**24 + 1, 2**25 + 3, -(2**24) - 1, 123456789, 7, -7]),
+               torch.tensor([1, 3, -2, 10, -3, 2])),
+      grad=False, fallback={"aten.div.Tensor_mode": WRONG_DIV_MODE}),
+    C("int64_big", lambda a, b: (a + b, a * 3, a // b, a % b, a.amax(0), torch.cumsum(a, 0)),
+      lambda: (torch.tensor([2**53 + 1, -(2**53) - 1, 2**40 + 7]), torch.tensor([3, 7, -5])), grad=False),
     C("int_remainder", lambda a, b: (a % b, torch.remainder(a, b), torch.fmod(a, b)),
       lambda: (i64(4, 5, lo=-20, hi=20), nz_i64(4, 5)), grad=False),
-    C("int_truediv", lambda a, b: a / b, lambda: (i64(4, 5, lo=-20, hi=20), nz_i64(4, 5)), grad=False),
+    C("int_truediv", lambda a, b: a / b + 0.5, lambda: (i64(4, 5, lo=-20, hi=20), nz_i64(4, 5)), grad=False,
+      fallback={"aten.div.Tensor": MIXED_DTYPES}),
+    C("int_float_promotion", lambda a, m, x: ((a * 0.5) * 1.0, (m * x) + 1.0, torch.sqrt(a.abs()) + 1.0),
+      lambda: (i64(3, 4), boolean(3, 4), f32(3, 4)), grad=False,
+      fallback={"aten.mul.Tensor": MIXED_DTYPES, "aten.sqrt.default": MIXED_DTYPES}),
     C("int_max_min_clamp", lambda a, b: (torch.maximum(a, b), torch.minimum(a, b), a.clamp(-3, 4)),
       lambda: (i64(3, 4), i64(3, 4)), grad=False),
     C("int_where", lambda c, a, b: torch.where(c, a, b), lambda: (boolean(3, 4), i64(3, 4), i64(3, 4)), grad=False),
     C("int_to_float", lambda a: a.float() * 0.5, lambda: (i64(3, 4),), grad=False),
     C("float_to_int", lambda a: (a * 3).to(torch.int64), lambda: (f32(3, 4),), grad=False),
+    C("casts", lambda a, i: (a.to(torch.int32) + 1, a.bool() | False, i.bool() | False, a.half() * 2,
+                             a.to(torch.float64) * 2, a.abs().to(torch.uint8) + 1),
+      lambda: (torch.tensor([-2.7, -0.5, 0.0, -0.0, 0.5, 2.7, 70000.0, 1e-8]), torch.tensor([0, 1, -3, 0, 5, 0, 2, 1])),
+      grad=False),
+    C("shift", lambda a: (a << 2, a >> 1), lambda: (torch.tensor([-7, -1, 0, 5, 2**40]),), grad=False),
+    # sum of int32 is int64 in PyTorch, int32 in torch_lib (no type promotion pass).
+    C("int32_ops", lambda a, b: (a + b, a * b, a // b, a % b, a.sum(0)),
+      lambda: (i64(6, lo=-9, hi=9).to(torch.int32), torch.tensor([1, -2, 3, -4, 5, -6], dtype=torch.int32)), grad=False,
+      fallback={"aten.sum.dim_IntList": MIXED_DTYPES}),
+    C("uint8_int8_wrap", lambda a, b, c, d: (a + b, a * b, a - b, c + d, c * d),
+      lambda: (torch.tensor([200, 3, 0], dtype=torch.uint8), torch.tensor([100, 2, 1], dtype=torch.uint8),
+               torch.tensor([100, -100, 3], dtype=torch.int8), torch.tensor([100, -100, 2], dtype=torch.int8)),
+      grad=False),
+    # float16: one rounding step of fp16 (eps 2**-10) apart at most.
+    C("float16", lambda a, b: (a * b + 1, torch.relu(a), a @ b.t(), torch.exp(a)),
+      lambda: (f32(3, 4).half(), f32(3, 4).half()), grad=False, rtol=2e-3, atol=2e-3),
+    C("float64", lambda a, b: (a.exp() @ b, a.sum(), F.softmax(a, -1)),
+      lambda: (f32(3, 4).double(), f32(4, 2).double()), rtol=1e-12, atol=1e-12),
     C("bool_to_float", lambda m, x: m.float() * x, lambda: (boolean(3, 4), f32(3, 4)), grad_args=(1,)),
     # ---- activations -----------------------------------------------------------------
     C("relu", F.relu, lambda: (f32(3, 4),)),
@@ -219,7 +322,9 @@ CASES: list[Case] = [
     C("hardsigmoid", F.hardsigmoid, lambda: (f32(4, 5, scale=4),)),
     C("hardtanh", lambda x: F.hardtanh(x, -0.5, 0.8), lambda: (f32(3, 4),)),
     C("mish", F.mish, lambda: (f32(3, 4, scale=2),)),
-    C("logsigmoid", F.logsigmoid, lambda: (f32(3, 4, scale=3),)),
+    # Its backward multiplies by an int64 0/1 tensor (mixed dtypes).
+    C("logsigmoid", F.logsigmoid, lambda: (f32(3, 4, scale=3),),
+      fallback={"aten.mul.Tensor": MIXED_DTYPES, "aten.sub.Tensor": MIXED_DTYPES}),
     C("softsign", F.softsign, lambda: (f32(3, 4, scale=2),)),
     C("prelu", F.prelu, lambda: (f32(2, 3, 4), f32(3, lo=0.05, hi=0.3))),
     C("glu", lambda x: F.glu(x, dim=-1), lambda: (f32(3, 6),)),
@@ -229,23 +334,33 @@ CASES: list[Case] = [
     C("softmax", lambda x: F.softmax(x, dim=-1), lambda: (f32(3, 5, scale=2),)),
     C("softmax_dim0", lambda x: F.softmax(x, dim=0), lambda: (f32(3, 5, scale=2),)),
     C("log_softmax", lambda x: F.log_softmax(x, dim=-1), lambda: (f32(3, 5, scale=2),)),
+    C("softmax_extreme", lambda x: (F.softmax(x, -1), F.log_softmax(x, -1)),
+      lambda: (torch.tensor([[-INF, 0.0, 1.0], [2.0, -INF, 2.0], [1000.0, 0.0, -1000.0]]),), grad=False),
+    C("softmin_softmax_dtype", lambda x: (F.softmin(x, 1), F.log_softmax(x, 1, dtype=torch.float64)),
+      lambda: (f32(3, 4),)),
     # ---- reductions ------------------------------------------------------------------
     C("sum", torch.sum, lambda: (f32(4, 5),), **RED),
     C("sum_dim", lambda x: x.sum(dim=(0, 2), keepdim=True), lambda: (f32(3, 4, 5),), **RED),
     C("sum_int", lambda x: (x.sum(), x.sum(1)), lambda: (i64(3, 4),), grad=False),
-    C("sum_bool", lambda m: (m.sum(), m.sum(0)), lambda: (boolean(3, 4),), grad=False),
+    C("sum_bool", lambda m: (m.sum() + 1, m.sum(0) + 1), lambda: (boolean(3, 4),), grad=False,
+      fallback={"aten.sum.default": MIXED_DTYPES, "aten.sum.dim_IntList": MIXED_DTYPES}),
     C("mean", lambda x: x.mean(), lambda: (f32(4, 5),), **RED),
     C("mean_dim", lambda x: x.mean(dim=-1, keepdim=True), lambda: (f32(3, 4, 5),), **RED),
-    C("amax", lambda x: torch.amax(x, dim=1), lambda: (f32(3, 4, 5),)),
-    C("amin", lambda x: torch.amin(x, dim=(0, 2)), lambda: (f32(3, 4, 5),)),
-    C("max_all", lambda x: torch.max(x), lambda: (f32(3, 4),)),
+    # Their backward splits the gradient among ties: sum of a bool mask, float / int64.
+    C("amax", lambda x: torch.amax(x, dim=1), lambda: (f32(3, 4, 5),), fallback=TIES_BACKWARD),
+    C("amin", lambda x: torch.amin(x, dim=(0, 2)), lambda: (f32(3, 4, 5),), fallback=TIES_BACKWARD),
+    C("max_all", lambda x: torch.max(x), lambda: (f32(3, 4),),
+      fallback={"aten.sum.default": MIXED_DTYPES, "aten.div.Tensor": MIXED_DTYPES, "aten.mul.Tensor": MIXED_DTYPES}),
     C("max_dim", lambda x: torch.max(x, dim=1), lambda: (f32(3, 4, 5),)),
     C("min_dim", lambda x: torch.min(x, dim=0, keepdim=True), lambda: (f32(3, 4, 5),)),
     C("var", lambda x: torch.var(x, dim=1), lambda: (f32(3, 6),), **RED),
-    C("var_correction0", lambda x: torch.var(x, dim=(0, 2), correction=0, keepdim=True), lambda: (f32(3, 4, 5),), **RED),
+    C("var_correction0", lambda x: torch.var(x, dim=(0, 2), correction=0, keepdim=True), lambda: (f32(3, 4, 5),),
+      **RED),
     C("std", lambda x: torch.std(x, dim=-1), lambda: (f32(3, 6),), **RED),
     C("var_mean", lambda x: torch.var_mean(x, dim=1), lambda: (f32(3, 6),), **RED),
-    C("prod", lambda x: torch.prod(x, dim=1), lambda: (away0(3, 4),), **RED),
+    # prod's backward (and cumprod) decompose to prims.prod, which torch_lib cannot translate.
+    C("prod", lambda x: torch.prod(x, dim=1), lambda: (away0(3, 4),), fallback={"prims.prod.default": NO_TRANSLATION},
+      **RED),
     C("logsumexp", lambda x: torch.logsumexp(x, dim=-1), lambda: (f32(3, 5, scale=3),), **RED),
     C("argmax", lambda x: (torch.argmax(x, dim=1), torch.argmax(x)), lambda: (f32(3, 5),), grad=False),
     C("argmin", lambda x: torch.argmin(x, dim=0, keepdim=True), lambda: (f32(3, 5),), grad=False),
@@ -254,24 +369,66 @@ CASES: list[Case] = [
     C("norm_1_dim", lambda x: torch.norm(x, p=1, dim=1), lambda: (f32(4, 5),), **RED),
     C("norm_fro_dim", lambda x: torch.norm(x, dim=-1, keepdim=True), lambda: (f32(4, 5),), **RED),
     C("any_all", lambda m: (m.any(), m.all(dim=1), m.any(dim=0)), lambda: (boolean(3, 4),), grad=False),
+    C("any_all_float", lambda x: (x.all(1), x.any(0)), lambda: (torch.tensor([[0.0, 1, 2], [0, 0, 3]]),), grad=False),
+    C("mean_int_dtype", lambda x: x.mean(1, dtype=torch.float32) + 1, lambda: (i64(3, 4),), grad=False,
+      fallback={"aten.mean.dim": WRONG_INT_MEAN}),
+    C("sum_dtype", lambda x, i: (x.sum(1, dtype=torch.float64), i.sum(0, dtype=torch.float32)),
+      lambda: (f32(3, 4), i64(3, 4)),
+      grad=False, **RED),
+    C("std_mean", lambda x: torch.std_mean(x, 1), lambda: (f32(3, 6),), **RED),
+    C("aminmax", lambda x: torch.aminmax(x, dim=1), lambda: (f32(3, 5),), grad=False),
+    # The inf-norm's backward splits the gradient among ties (mixed dtypes, like amax).
+    C("norm_inf_p3", lambda x: (torch.linalg.vector_norm(x, INF, 1), torch.linalg.vector_norm(x, 3, 1)),
+      lambda: (f32(3, 5),), **RED, fallback=TIES_BACKWARD),
+    # amax()/amin() without dim: the AOTAutograd node omits the default dim=[], which torch_lib requires.
+    C("amax_nodim", lambda x: (x.amax() + 1, x.amin() + 1), lambda: (f32(3, 4),), grad=False,
+      fallback={"aten.amax.default": "Required parameter 'dim' is not provided",
+                "aten.amin.default": "Required parameter 'dim' is not provided"}),
+    C("logsumexp_large", lambda x: torch.logsumexp(x, 1),
+      lambda: (torch.tensor([[100.0, 200.0, 150.0], [-200.0, -300.0, -250.0]]),), **RED),
+    C("logcumsumexp", lambda x: torch.logcumsumexp(x, 1), lambda: (f32(3, 5),), **RED),
+    C("argmax_ties", lambda x, f: (x.argmax(1), x.argmin(1), x.argmax(), f.argmax(1), f.argmin(0)),
+      lambda: (torch.tensor([[1, 3, 3, 0], [2, 2, 1, 2], [0, 0, 0, 0]]),
+               torch.tensor([[1.0, 3, 3, 0], [2, 2, 1, 2], [0, 0, 0, 0]])),
+      grad=False),
     C("cumsum", lambda x: torch.cumsum(x, dim=1), lambda: (f32(3, 6),), **RED),
     C("cumsum_int", lambda x: torch.cumsum(x, dim=0), lambda: (i64(4, 3),), grad=False),
-    C("cumprod", lambda x: torch.cumprod(x, dim=1), lambda: (away0(3, 5),), **RED),
+    C("cumprod", lambda x: torch.cumprod(x, dim=1), lambda: (away0(3, 5),), **RED,
+      fallback={"prims.prod.default": NO_TRANSLATION, "aten.cumsum.default": MIXED_DTYPES,
+                "aten.max.dim": MIXED_DTYPES}),
     # ---- matmul family ---------------------------------------------------------------
     C("mm", torch.mm, lambda: (f32(5, 7), f32(7, 3)), **MM),
     C("bmm", torch.bmm, lambda: (f32(2, 5, 7), f32(2, 7, 3)), **MM),
     C("addmm", lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), lambda: (f32(3), f32(5, 7), f32(7, 3)), **MM),
-    C("baddbmm", lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5), lambda: (f32(2, 5, 3), f32(2, 5, 7), f32(2, 7, 3)), **MM),
+    C("baddbmm", lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5), lambda: (f32(2, 5, 3), f32(2, 5, 7), f32(2, 7, 3)),
+      **MM),
     C("matmul_broadcast", torch.matmul, lambda: (f32(2, 3, 5, 7), f32(7, 4)), **MM),
     C("matmul_batch_broadcast", torch.matmul, lambda: (f32(2, 1, 5, 7), f32(3, 7, 4)), **MM),
     C("matmul_vec", torch.matmul, lambda: (f32(3, 5, 7), f32(7)), **MM),
     C("mv", torch.mv, lambda: (f32(5, 7), f32(7)), **MM),
+    # ORT fuses Transpose into MatMul wrongly when B is 1-D (mv is decomposed, see _compat).
+    C("mv_transposed", lambda a, x: torch.mv(a.t(), x), lambda: (f32(5, 7), f32(5)), **MM),
+    C("matmul_vec_transposed", lambda a, x: torch.matmul(a.transpose(-1, -2), x), lambda: (f32(2, 5, 7), f32(5)), **MM),
+    # beta=0: PyTorch ignores input (NaN here, as in a torch.empty buffer).
+    C("baddbmm_beta0", lambda c, a, b: torch.baddbmm(c, a, b, beta=0, alpha=0.5),
+      lambda: (torch.full((2, 5, 3), NAN), f32(2, 5, 7), f32(2, 7, 3)), grad_args=(1, 2), **MM),
+    C("addmv_beta0", lambda c, a, x: torch.addmv(c, a, x, beta=0), lambda: (torch.full((5,), NAN), f32(5, 7), f32(7)),
+      grad_args=(1, 2), **MM),
+    C("addmv", lambda c, a, x: torch.addmv(c, a, x, beta=0.5, alpha=2.0), lambda: (f32(5), f32(5, 7), f32(7)), **MM),
+    C("addbmm", lambda c, a, b: torch.addbmm(c, a, b, beta=0.5), lambda: (f32(5, 3), f32(2, 5, 7), f32(2, 7, 3)), **MM),
+    C("addbmm_beta0", lambda c, a, b: torch.addbmm(c, a, b, beta=0),
+      lambda: (torch.full((5, 3), NAN), f32(2, 5, 7), f32(2, 7, 3)),
+      grad_args=(1, 2), fallback={"aten.addbmm.default": WRONG_BETA0}, **MM),
+    C("addmm_beta0", lambda c, a, b: torch.addmm(c, a, b, beta=0),
+      lambda: (torch.full((5, 3), NAN), f32(5, 7), f32(7, 3)),
+      grad_args=(1, 2), **MM),
     C("dot", torch.dot, lambda: (f32(7), f32(7)), **MM),
     C("outer", torch.outer, lambda: (f32(5), f32(4))),
     C("linear", F.linear, lambda: (f32(2, 3, 8), f32(6, 8), f32(6)), **MM),
     C("linear_nobias", F.linear, lambda: (f32(4, 8), f32(6, 8)), **MM),
     C("einsum_bmm", lambda a, b: torch.einsum("bij,bjk->bik", a, b), lambda: (f32(2, 4, 5), f32(2, 5, 3)), **MM),
-    C("einsum_attn", lambda q, k: torch.einsum("bhqd,bhkd->bhqk", q, k), lambda: (f32(1, 2, 4, 8), f32(1, 2, 5, 8)), **MM),
+    C("einsum_attn", lambda q, k: torch.einsum("bhqd,bhkd->bhqk", q, k), lambda: (f32(1, 2, 4, 8), f32(1, 2, 5, 8)),
+      **MM),
     C("einsum_rowdot", lambda a, b: torch.einsum("ij,ij->i", a, b), lambda: (f32(4, 6), f32(4, 6)), **MM),
     # ---- shape and indexing (each with a computation, so the group is not views only)
     C("view", lambda x: (x * 2).view(4, 3), lambda: (f32(3, 4),)),
@@ -298,29 +455,59 @@ CASES: list[Case] = [
     C("roll_flat", lambda x: torch.roll(x, 3), lambda: (f32(3, 4),)),
     C("pad_constant", lambda x: F.pad(x, (1, 2, 0, 1), value=0.5), lambda: (f32(2, 3, 4),)),
     C("pad_reflect", lambda x: F.pad(x, (2, 1, 1, 2), mode="reflect"), lambda: (f32(1, 2, 4, 5),)),
-    C("pad_replicate", lambda x: F.pad(x, (2, 1, 1, 2), mode="replicate"), lambda: (f32(1, 2, 4, 5),)),
+    C("pad_replicate", lambda x: F.pad(x, (2, 1, 1, 2), mode="replicate"), lambda: (f32(1, 2, 4, 5),),
+      fallback={"aten.replication_pad2d_backward.default": NO_TRANSLATION}),
     C("pad_negative", lambda x: F.pad(x, (-1, 1)) * 2, lambda: (f32(2, 4),)),
+    C("pad_circular", lambda x: F.pad(x, (1, 2), mode="circular"), lambda: (f32(1, 2, 5),)),
+    C("pad_reflect_1d", lambda x: F.pad(x, (2, 3), mode="reflect"), lambda: (f32(1, 2, 5),)),
     C("gather", lambda x, i: torch.gather(x, 1, i), lambda: (f32(3, 5), torch.randint(0, 5, (3, 4)))),
     C("index_select", lambda x, i: torch.index_select(x, 0, i), lambda: (f32(5, 3), torch.tensor([4, 0, 2, 2]))),
     C("index_tensor", lambda x, i: x[i], lambda: (f32(5, 3), torch.tensor([[1, 3], [4, 1]]))),
     C("index_negative", lambda x, i: x[:, i], lambda: (f32(3, 5), torch.tensor([-1, 0, -3]))),
     C("index_2d", lambda x, i, j: x[i, j], lambda: (f32(4, 5), torch.tensor([0, 3, 1]), torch.tensor([4, 0, 2]))),
-    C("index_put", lambda x, i, v: torch.index_put(x, (i,), v), lambda: (f32(5, 3), torch.tensor([4, 0, 2]), f32(3, 3))),
+    C("index_put", lambda x, i, v: torch.index_put(x, (i,), v),
+      lambda: (f32(5, 3), torch.tensor([4, 0, 2]), f32(3, 3))),
     C("index_put_accumulate", lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True),
       lambda: (f32(5, 3), torch.tensor([4, 0, 4]), f32(3, 3))),
     C("setitem", lambda x, v: _setitem(x, v), lambda: (f32(4, 5), f32(2, 5))),
-    C("scatter", lambda x, i, s: torch.scatter(x, 1, i, s), lambda: (f32(3, 5), torch.tensor([[0, 2], [4, 1], [3, 3]]), f32(3, 2))),
+    C("scatter", lambda x, i, s: torch.scatter(x, 1, i, s),
+      lambda: (f32(3, 5), torch.tensor([[0, 2], [4, 1], [3, 0]]), f32(3, 2))),
+    C("scatter_reduce", lambda x, i, s: (x.scatter_reduce(1, i, s, "sum", include_self=False),
+                                         x.scatter_reduce(1, i, s, "amax"), x.scatter_reduce(1, i, s, "prod")),
+      lambda: (f32(2, 4), torch.tensor([[0, 1, 0], [3, 3, 2]]), f32(2, 3)), grad=False),
+    C("scatter_reduce_mean", lambda x, i, s: x.scatter_reduce(1, i, s, "mean", include_self=False) + 1,
+      lambda: (f32(2, 4), torch.tensor([[0, 1, 0], [3, 3, 2]]), f32(2, 3)), grad=False,
+      fallback={"aten.scatter_reduce.two": WRONG_SCATTER_MEAN}),
+    C("index_fill", lambda x, i: x.index_fill(1, i, -1.0), lambda: (f32(3, 5), torch.tensor([0, 3]))),
+    C("index_add", lambda x, i, s: x.index_add(0, i, s, alpha=2.0),
+      lambda: (f32(4, 3), torch.tensor([0, 3, 0]), f32(3, 3))),
+    C("index_copy", lambda x, i, s: x.index_copy(0, i, s), lambda: (f32(4, 3), torch.tensor([0, 3, 1]), f32(3, 3))),
+    C("take_along_dim", lambda x, i: torch.take_along_dim(x, i, 1), lambda: (f32(3, 5), torch.tensor([[0], [4], [2]]))),
     C("scatter_add", lambda x, i, s: torch.scatter_add(x, 1, i, s),
       lambda: (f32(3, 5), torch.tensor([[0, 2, 0], [4, 1, 4], [3, 3, 3]]), f32(3, 3))),
     C("embedding", lambda i, w: F.embedding(i, w), lambda: (torch.tensor([[1, 4, 4], [0, 2, 7]]), f32(8, 5))),
-    C("embedding_padding_idx", lambda i, w: F.embedding(i, w, padding_idx=0), lambda: (torch.tensor([[1, 0, 4], [0, 2, 7]]), f32(8, 5))),
+    C("embedding_padding_idx", lambda i, w: F.embedding(i, w, padding_idx=0),
+      lambda: (torch.tensor([[1, 0, 4], [0, 2, 7]]), f32(8, 5))),
     C("tril_triu", lambda x: (torch.tril(x), torch.triu(x, diagonal=1), torch.tril(x, -1)), lambda: (f32(4, 5),)),
     C("narrow", lambda x: torch.narrow(x * 2, 1, 1, 3), lambda: (f32(3, 5),)),
-    C("diagonal", lambda x: torch.diagonal(x * 2, offset=1), lambda: (f32(4, 5),)),
+    C("diagonal", lambda x: torch.diagonal(x * 2, offset=1), lambda: (f32(4, 5),), grad=False),
+    C("diagonal_backward", lambda x: torch.diagonal(x * 2, offset=1), lambda: (f32(4, 5),),
+      xfail="compile fails: lort's decomposition table maps aten.diagonal_scatter (diagonal's backward) "
+      "to torch._refs.diagonal_scatter, which emits prims.copy_to, and AOTAutograd rejects the "
+      "non-functional graph", xfail_raises=BackendCompilerFailed),
+    C("tensor_constant", lambda x: x / torch.tensor(4.0), lambda: (f32(3, 4),),
+      xfail="compile fails: lort's decomposition table decomposes aten.lift_fresh (a torch.tensor() "
+      "constant) into aten.alias of the real constant, which FakeTensorMode rejects",
+      xfail_raises=BackendCompilerFailed),
     C("clone_contiguous", lambda x: x.t().contiguous() + 0, lambda: (f32(3, 4),)),
     C("arange", lambda x: x + torch.arange(x.shape[-1], dtype=x.dtype), lambda: (f32(3, 4),)),
     C("arange_int", lambda x: x * torch.arange(2, 2 + 2 * x.shape[0], 2), lambda: (i64(4),), grad=False),
-    C("full_zeros_ones", lambda x: (torch.zeros_like(x) + x, torch.ones(3, 4) * x, torch.full((3, 4), 2.5) - x, x.new_zeros(3) + 1),
+    C("linspace_eye", lambda x: (x + torch.linspace(0, 1, 4), x + torch.eye(3, 4), x + torch.arange(0, 0.4, 0.1)),
+      lambda: (f32(3, 4),)),
+    C("one_hot", lambda i: F.one_hot(i, 5) * 2, lambda: (torch.tensor([0, 3, 4, 1]),), grad=False,
+      fallback={"aten._assert_async.msg": "output is not a tensor"}),
+    C("full_zeros_ones", lambda x: (torch.zeros_like(x) + x, torch.ones(3, 4) * x, torch.full((3, 4), 2.5) - x,
+                                    x.new_zeros(3) + 1),
       lambda: (f32(3, 4),)),
     # ---- normalization ---------------------------------------------------------------
     C("layer_norm", lambda x, w, b: F.layer_norm(x, (6,), w, b), lambda: (f32(2, 3, 6), f32(6), f32(6)), **RED),
@@ -334,10 +521,22 @@ CASES: list[Case] = [
     C("instance_norm", F.instance_norm, lambda: (f32(2, 3, 4, 4),), **RED),
     C("rms_norm", lambda x, w: F.rms_norm(x, (6,), w), lambda: (f32(2, 3, 6), f32(6)), **RED),
     C("normalize", lambda x: F.normalize(x, dim=-1), lambda: (f32(3, 6),), **RED),
+    C("cosine_similarity", lambda a, b: F.cosine_similarity(a, b), lambda: (f32(3, 5), f32(3, 5)), **RED),
+    # Mean 1000, std 1: catches E[x^2] - E[x]^2 variance formulas. float32's resolution at
+    # 1000 is 6e-5, so normalized outputs differ by ~1e-4 between any two correct
+    # implementations (eager's own error against float64 is ~8e-5); the float64 check holds.
+    C("norms_large_mean", lambda x, y: (F.layer_norm(x, (50,)), F.group_norm(y, 2), F.instance_norm(y),
+                                        F.batch_norm(y, None, None, training=True), torch.var(x, 1)),
+      lambda: (f32(3, 50) + 1000, f32(2, 4, 5, 5) + 1000), grad=False, rtol=1e-3, atol=5e-4, ref64=True),
     # ---- convolution and pooling -----------------------------------------------------
-    C("conv1d", lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1), lambda: (f32(2, 3, 9), f32(4, 3, 3), f32(4)), **MM),
-    C("conv1d_dilation", lambda x, w: F.conv1d(x, w, dilation=2, padding=2), lambda: (f32(2, 3, 9), f32(4, 3, 3)), **MM),
+    C("conv1d", lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1), lambda: (f32(2, 3, 9), f32(4, 3, 3), f32(4)),
+      **MM),
+    C("conv1d_dilation", lambda x, w: F.conv1d(x, w, dilation=2, padding=2), lambda: (f32(2, 3, 9), f32(4, 3, 3)),
+      **MM),
     C("conv2d", lambda x, w, b: F.conv2d(x, w, b), lambda: (f32(2, 3, 6, 6), f32(4, 3, 3, 3), f32(4)), **MM),
+    C("conv3d", lambda x, w: F.conv3d(x, w, padding=1), lambda: (f32(1, 2, 4, 4, 4), f32(3, 2, 3, 3, 3)), **MM),
+    C("conv_transpose1d", lambda x, w: F.conv_transpose1d(x, w, stride=2), lambda: (f32(1, 2, 5), f32(2, 3, 3)),
+      grad=False, **MM),
     C("conv2d_stride_pad_dil", lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=(2, 1), dilation=(2, 1)),
       lambda: (f32(2, 3, 9, 8), f32(4, 3, 3, 3), f32(4)), **MM),
     C("conv2d_groups", lambda x, w, b: F.conv2d(x, w, b, padding=1, groups=2),
@@ -345,51 +544,113 @@ CASES: list[Case] = [
     C("conv2d_depthwise", lambda x, w: F.conv2d(x, w, padding="same", groups=4),
       lambda: (f32(1, 4, 6, 6), f32(4, 1, 3, 3)), **MM),
     C("conv_transpose2d", lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1),
-      lambda: (f32(2, 3, 4, 4), f32(3, 4, 3, 3), f32(4)), **MM),
+      lambda: (f32(2, 3, 4, 4), f32(3, 4, 3, 3), f32(4)), **MM,
+      # lort writes convolution_backward as convolutions for non-transposed ones only.
+      fallback={"aten.convolution_backward.default": NO_TRANSLATION}),
     C("conv_transpose2d_groups_dil", lambda x, w: F.conv_transpose2d(x, w, stride=1, padding=1, groups=2, dilation=2),
-      lambda: (f32(1, 4, 4, 4), f32(4, 3, 3, 3)), **MM),
+      lambda: (f32(1, 4, 4, 4), f32(4, 3, 3, 3)), **MM,
+      # Without bias, convolution_backward returns (grad_input, grad_weight, None).
+      fallback={"aten.convolution_backward.default": "output is not a tensor"}),
     C("max_pool2d", lambda x: F.max_pool2d(x, 2), lambda: (f32(2, 3, 6, 6),)),
     C("max_pool2d_pad", lambda x: F.max_pool2d(x, 3, stride=2, padding=1), lambda: (f32(2, 3, 7, 7),)),
     C("max_pool2d_ceil", lambda x: F.max_pool2d(x, 2, stride=2, ceil_mode=True), lambda: (f32(1, 2, 5, 5),)),
     C("max_pool1d", lambda x: F.max_pool1d(x, 3, stride=2), lambda: (f32(2, 3, 9),)),
-    C("avg_pool2d", lambda x: F.avg_pool2d(x, 2), lambda: (f32(2, 3, 6, 6),), **RED),
-    C("avg_pool2d_pad", lambda x: F.avg_pool2d(x, 3, stride=2, padding=1), lambda: (f32(2, 3, 7, 7),), **RED),
+    C("max_pool2d_dilation", lambda x: F.max_pool2d(x, 2, stride=1, dilation=2), lambda: (f32(1, 2, 6, 6),)),
+    C("max_pool2d_indices", lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), lambda: (f32(1, 2, 7, 7),)),
+    C("max_pool3d", lambda x: F.max_pool3d(x, 2), lambda: (f32(1, 2, 4, 4, 4),),
+      fallback={"aten.max_pool3d_with_indices_backward.default": NO_TRANSLATION}),
+    C("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, (2, 3)) + 1, lambda: (f32(1, 2, 5, 7),), grad=False,
+      fallback={"aten.adaptive_max_pool2d.default": NO_TRANSLATION}),
+    C("avg_pool2d_divisor", lambda x: F.avg_pool2d(x, 3, 1, 1, divisor_override=2) + 1, lambda: (f32(1, 2, 4, 4),),
+      grad=False,
+      fallback={"aten.avg_pool2d.default": WRONG_DIVISOR}),
+    C("avg_pool3d_divisor", lambda x: F.avg_pool3d(x, 2, divisor_override=3) + 1, lambda: (f32(1, 2, 4, 4, 4),),
+      grad=False,
+      fallback={"aten.avg_pool3d.default": WRONG_DIVISOR}),
+    C("avg_pool1d_3d", lambda x, y: (F.avg_pool1d(x, 3, 2, 1), F.avg_pool3d(y, 2)),
+      lambda: (f32(1, 2, 7), f32(1, 2, 4, 4, 4)),
+      grad=False, **RED),
+    C("pixel_shuffle", lambda x, y: (F.pixel_shuffle(x, 2), F.pixel_unshuffle(y, 3)),
+      lambda: (f32(1, 8, 3, 3), f32(1, 2, 3, 6))),
+    C("unfold_fold", lambda x, c: (F.unfold(x, 2, stride=1), F.fold(c, (4, 4), 2)),
+      lambda: (f32(1, 2, 4, 4), f32(1, 8, 9))),
+    # Its backward's _unsafe_index_put gets an int32 index that ORT's ScatterND rejects.
+    C("tensor_unfold", lambda x: x.unfold(1, 3, 2) * 1, lambda: (f32(2, 9),),
+      fallback={"aten._unsafe_index_put.default": r"could not build a session.*tensor\(int32\).*ScatterND"}),
+    C("avg_pool2d", lambda x: F.avg_pool2d(x, 2), lambda: (f32(2, 3, 6, 6),), **RED, fallback=AVG_POOL_BACKWARD),
+    C("avg_pool2d_pad", lambda x: F.avg_pool2d(x, 3, stride=2, padding=1), lambda: (f32(2, 3, 7, 7),), **RED,
+      fallback=AVG_POOL_BACKWARD),
     C("avg_pool2d_pad_exclude", lambda x: F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False),
-      lambda: (f32(2, 3, 7, 7),), **RED),
-    C("avg_pool2d_ceil", lambda x: F.avg_pool2d(x, 2, ceil_mode=True), lambda: (f32(1, 2, 5, 5),), **RED),
-    C("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), lambda: (f32(2, 3, 4, 6),), **RED),
-    C("adaptive_avg_pool2d_uneven", lambda x: F.adaptive_avg_pool2d(x, 3), lambda: (f32(1, 2, 5, 7),), **RED),
+      lambda: (f32(2, 3, 7, 7),), **RED, fallback=AVG_POOL_BACKWARD),
+    C("avg_pool2d_ceil", lambda x: F.avg_pool2d(x, 2, ceil_mode=True), lambda: (f32(1, 2, 5, 5),), **RED,
+      fallback=AVG_POOL_BACKWARD),
+    C("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), lambda: (f32(2, 3, 4, 6),), **RED,
+      fallback={"aten._adaptive_avg_pool2d_backward.default": NO_TRANSLATION}),
+    C("adaptive_avg_pool2d_uneven", lambda x: F.adaptive_avg_pool2d(x, 3), lambda: (f32(1, 2, 5, 7),), **RED,
+      fallback={"aten.div.Tensor": MIXED_DTYPES, "aten.div.Tensor_mode": WRONG_DIV_MODE,
+                "aten._adaptive_avg_pool2d_backward.default": NO_TRANSLATION}),
     C("adaptive_avg_pool2d_global", lambda x: F.adaptive_avg_pool2d(x, 1), lambda: (f32(2, 3, 5, 5),), **RED),
     C("interpolate_nearest", lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), lambda: (f32(1, 2, 3, 4),)),
     C("interpolate_nearest_size", lambda x: F.interpolate(x, size=(5, 7), mode="nearest"), lambda: (f32(1, 2, 3, 4),)),
-    C("interpolate_bilinear", lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), lambda: (f32(1, 2, 3, 4),), **RED),
+    C("interpolate_nearest_down", lambda x: F.interpolate(x, size=(3, 2), mode="nearest"), lambda: (f32(1, 2, 7, 5),)),
+    C("interpolate_nearest_exact", lambda x: F.interpolate(x, size=(7, 6), mode="nearest-exact"),
+      lambda: (f32(1, 2, 4, 5),)),
+    C("interpolate_bicubic", lambda x: (F.interpolate(x, scale_factor=2, mode="bicubic"),
+                                        F.interpolate(x, size=(7, 6), mode="bicubic", align_corners=True)),
+      lambda: (f32(1, 2, 4, 5),), grad=False, **RED),
+    C("interpolate_bilinear_antialias", lambda x: F.interpolate(x, size=(2, 3), mode="bilinear", antialias=True),
+      lambda: (f32(1, 2, 6, 7),), grad=False, **RED),
+    C("interpolate_bilinear", lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), lambda: (f32(1, 2, 3, 4),),
+      **RED,
+      fallback={"aten.sub.Tensor": MIXED_DTYPES}),
     C("interpolate_bilinear_ac", lambda x: F.interpolate(x, size=(5, 7), mode="bilinear", align_corners=True),
-      lambda: (f32(1, 2, 3, 4),), **RED),
-    C("interpolate_bilinear_down", lambda x: F.interpolate(x, size=(3, 2), mode="bilinear"), lambda: (f32(1, 2, 6, 5),), **RED),
+      lambda: (f32(1, 2, 3, 4),), **RED,
+      fallback={"aten.sub.Tensor": MIXED_DTYPES}),
+    C("interpolate_bilinear_down", lambda x: F.interpolate(x, size=(3, 2), mode="bilinear"), lambda: (f32(1, 2, 6, 5),),
+      **RED,
+      fallback={"aten.sub.Tensor": MIXED_DTYPES}),
     # ---- attention -------------------------------------------------------------------
     C("sdpa", F.scaled_dot_product_attention, lambda: (f32(2, 2, 5, 8), f32(2, 2, 6, 8), f32(2, 2, 6, 8)), **MM),
     C("sdpa_causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
       lambda: (f32(1, 2, 5, 8), f32(1, 2, 5, 8), f32(1, 2, 5, 8)), **MM),
     C("sdpa_bool_mask", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
       lambda: (f32(1, 2, 5, 8), f32(1, 2, 6, 8), f32(1, 2, 6, 8), _attn_bool_mask(5, 6)), **MM),
+    C("sdpa_gqa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+      lambda: (f32(1, 4, 5, 8), f32(1, 2, 5, 8), f32(1, 2, 5, 8)), **MM),
+    C("sdpa_causal_rect", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+      lambda: (f32(1, 2, 3, 8), f32(1, 2, 5, 8), f32(1, 2, 5, 8)), **MM),
     C("sdpa_float_mask_scale", lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3),
       lambda: (f32(1, 2, 5, 8), f32(1, 2, 6, 8), f32(1, 2, 6, 8), f32(1, 1, 5, 6)), **MM),
     # ---- losses ----------------------------------------------------------------------
-    C("cross_entropy", lambda x, t: F.cross_entropy(x, t), lambda: (f32(4, 5), torch.tensor([0, 4, 2, 2])), **RED),
+    # Mean reduction divides by the count of non-ignored targets: a sum of a bool mask.
+    C("cross_entropy", lambda x, t: F.cross_entropy(x, t), lambda: (f32(4, 5), torch.tensor([0, 4, 2, 2])), **RED,
+      fallback={"aten.sum.default": MIXED_DTYPES}),
     C("cross_entropy_smooth_weight", lambda x, t, w: F.cross_entropy(x, t, weight=w, label_smoothing=0.1),
       lambda: (f32(4, 5), torch.tensor([0, 4, 2, 2]), pos(5)), grad_args=(0,), **RED),
     C("cross_entropy_ignore_sum", lambda x, t: F.cross_entropy(x, t, ignore_index=-100, reduction="sum"),
       lambda: (f32(4, 5), torch.tensor([0, -100, 2, 1])), **RED),
-    C("cross_entropy_nd", lambda x, t: F.cross_entropy(x, t), lambda: (f32(2, 5, 3), torch.tensor([[0, 4, 2], [1, 1, 3]])), **RED),
-    C("cross_entropy_probs", lambda x, p: F.cross_entropy(x, p), lambda: (f32(4, 5), F.softmax(f32(4, 5), -1)), grad_args=(0,), **RED),
-    C("nll_loss", lambda x, t: F.nll_loss(F.log_softmax(x, -1), t), lambda: (f32(4, 5), torch.tensor([3, 1, 0, 4])), **RED),
-    C("nll_loss_none", lambda x, t: F.nll_loss(x, t, reduction="none"), lambda: (f32(4, 5), torch.tensor([3, 1, 0, 4]))),
+    C("cross_entropy_nd", lambda x, t: F.cross_entropy(x, t),
+      lambda: (f32(2, 5, 3), torch.tensor([[0, 4, 2], [1, 1, 3]])), **RED,
+      fallback={"aten.sum.default": MIXED_DTYPES}),
+    C("cross_entropy_probs", lambda x, p: F.cross_entropy(x, p), lambda: (f32(4, 5), F.softmax(f32(4, 5), -1)),
+      grad_args=(0,), **RED),
+    C("nll_loss", lambda x, t: F.nll_loss(F.log_softmax(x, -1), t), lambda: (f32(4, 5), torch.tensor([3, 1, 0, 4])),
+      **RED,
+      fallback={"aten.sum.default": MIXED_DTYPES}),
+    C("nll_loss_weight_ignore", lambda x, t, w: F.nll_loss(x, t, weight=w, ignore_index=1),
+      lambda: (f32(5, 4), torch.tensor([3, 1, 0, 2, 3]), pos(4)), grad_args=(0,), **RED),
+    C("nll_loss_none", lambda x, t: F.nll_loss(x, t, reduction="none"),
+      lambda: (f32(4, 5), torch.tensor([3, 1, 0, 4]))),
     C("mse_loss", F.mse_loss, lambda: (f32(3, 4), f32(3, 4)), **RED),
+    C("mse_loss_none_sum", lambda a, b: (F.mse_loss(a, b, reduction="none"), F.mse_loss(a, b, reduction="sum")),
+      lambda: (f32(3, 4), f32(3, 4)), **RED),
     C("l1_loss", F.l1_loss, lambda: (f32(3, 4), f32(3, 4)), **RED),
     C("smooth_l1_loss", lambda a, b: F.smooth_l1_loss(a, b, beta=0.5), lambda: (f32(3, 4), f32(3, 4)), **RED),
     C("huber_loss", lambda a, b: F.huber_loss(a, b, delta=0.7), lambda: (f32(3, 4), f32(3, 4)), **RED),
-    C("bce_with_logits", F.binary_cross_entropy_with_logits, lambda: (f32(3, 4, scale=2), f32(3, 4, lo=0, hi=1)), **RED),
-    C("bce", lambda x, t: F.binary_cross_entropy(torch.sigmoid(x), t), lambda: (f32(3, 4, scale=2), f32(3, 4, lo=0, hi=1)), **RED),
+    C("bce_with_logits", F.binary_cross_entropy_with_logits, lambda: (f32(3, 4, scale=2), f32(3, 4, lo=0, hi=1)),
+      **RED),
+    C("bce", lambda x, t: F.binary_cross_entropy(torch.sigmoid(x), t),
+      lambda: (f32(3, 4, scale=2), f32(3, 4, lo=0, hi=1)), **RED),
     C("kl_div", lambda x, t: F.kl_div(F.log_softmax(x, -1), t, reduction="batchmean"),
       lambda: (f32(3, 4), F.softmax(f32(3, 4), -1)), **RED),
     # ---- sorting ---------------------------------------------------------------------
@@ -398,12 +659,34 @@ CASES: list[Case] = [
     C("sort", lambda x: torch.sort(x, dim=-1), lambda: (f32(3, 6),)),
     C("sort_descending", lambda x: torch.sort(x, dim=0, descending=True), lambda: (f32(5, 3),)),
     C("argsort_int", lambda x: torch.argsort(x, dim=-1), lambda: (perm_i64(3, 6),), grad=False),
+    C("msort", torch.msort, lambda: (f32(4, 3),)),
+    # ---- known bugs, not fixed (see the xfail reasons) --------------------------------
+    C("nan_reductions", lambda x: (x.amax(1), x.amin(0), x.max()), lambda: (_with_nans(),), grad=False,
+      xfail="NaN propagation: ORT's ReduceMax/ReduceMin skip NaN where PyTorch's amax/amin/max return NaN"),
+    C("nan_argmax", lambda x: (x.argmax(1), x.argmin(1), torch.max(x, 1)), lambda: (_with_nans(),), grad=False,
+      xfail="NaN propagation: ORT's ArgMax/ArgMin skip NaN where PyTorch treats NaN as the extreme value"),
+    C("nan_sort_topk", lambda x: (torch.sort(x, 1), torch.topk(x, 2, 1)), lambda: (_with_nans(),), grad=False,
+      xfail="NaN ordering: ORT's TopK does not sort NaN as the largest value as PyTorch's sort/topk do"),
+    C("nan_max_pool2d", lambda x: F.max_pool2d(x[None, None], 2, 1), lambda: (_with_nans(),), grad=False,
+      xfail="NaN propagation: ORT's MaxPool skips NaN where PyTorch's max_pool2d returns NaN"),
+    C("nan_sign", torch.sign, lambda: (_with_nans(),), grad=False,
+      xfail="torch.sign(nan) is 0 in PyTorch, NaN in ORT's Sign"),
+    C("sum_int64_beyond_2_53", lambda a: a.sum() + 0, lambda: (torch.tensor([2**53 + 1, 2]),), grad=False,
+      xfail="ORT's ReduceSum on int64 loses precision beyond 2**53 (9007199254740995 -> ...994): "
+      "it seems to accumulate in double"),
+    C("empty_tensor", lambda x: x[:, 3:2] * 2 + 1, lambda: (f32(3, 5),), grad=False,
+      xfail="lort binds zero-size outputs through ORT's IOBinding with data_ptr() == 0, which ORT "
+      "rejects: 'Pointer to data memory is not valid' (lort/runtime/session.py)", xfail_raises=RuntimeError),
     # ---- random ops (kept in PyTorch by design) --------------------------------------
     C("dropout", lambda x: F.dropout(x, 0.5, training=True) * 2, lambda: (f32(4, 5),),
-      fallback={"aten.native_dropout.default": "random op"}),
+      fallback={"aten.native_dropout.default": RANDOM}),
     C("rand_like", lambda x: x + torch.rand_like(x), lambda: (f32(4, 5),),
-      fallback={"aten.rand.default": "random op"}),
+      fallback={"aten.rand_like.default": RANDOM}),
 ]
+
+
+def _with_nans():
+    return torch.tensor([[1.0, NAN, 3.0], [-2.0, 0.5, NAN], [NAN, NAN, 1.0]])
 
 
 def _setitem(x, v):
@@ -438,7 +721,9 @@ def _with_loss(fn, diff_idx):
         inputs, weights = args[:n], args[n:]
         out = fn(*inputs)
         leaves = pytree.tree_leaves(out)
-        loss = sum((leaves[i] * w).sum() for i, w in zip(diff_idx, weights))
+        terms = [(leaves[i] * w).sum() for i, w in zip(diff_idx, weights)]
+        # Outputs of several float dtypes: sum in the first one's (no mixed-dtype add).
+        loss = sum(t if t.dtype == terms[0].dtype else t.to(terms[0].dtype) for t in terms)
         return out, loss
 
     return wrapped
@@ -451,11 +736,13 @@ def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _compare(what, got, expected, rtol, atol):
-    assert type(got) is type(expected) or isinstance(got, torch.Tensor), f"{what}: {type(got)} != {type(expected)}"
+    assert isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor), f"{what}: {got!r} vs {expected!r}"
     assert got.shape == expected.shape, f"{what}: shape {tuple(got.shape)} != {tuple(expected.shape)}"
     assert got.dtype == expected.dtype, f"{what}: dtype {got.dtype} != {expected.dtype}"
     if expected.is_floating_point():
-        torch.testing.assert_close(got.detach(), expected.detach(), rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+        torch.testing.assert_close(
+            got.detach(), expected.detach(), rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}: {m}"
+        )
     else:
         assert torch.equal(got, expected), f"{what}: {got} != {expected}"
 
@@ -496,7 +783,7 @@ def check_records(case: Case, backend: lort.LortBackend) -> None:
         assert r.ort_nodes > 0, f"{r.summary()}: nothing ran in ORT"
         for op, reason in r.fallbacks:
             expected = case.fallback.get(op)
-            assert expected is not None and expected in reason, f"{r.name}: {op} ran in PyTorch: {reason}"
+            assert expected is not None and re.search(expected, reason), f"{r.name}: {op} ran in PyTorch: {reason}"
             seen.add(op)
         assert r.torch_nodes == sum(1 for op, _ in r.fallbacks if op in case.fallback)
     missing = set(case.fallback) - seen
@@ -506,7 +793,7 @@ def check_records(case: Case, backend: lort.LortBackend) -> None:
 def _params():
     out = []
     for c in CASES:
-        marks = [pytest.mark.xfail(reason=c.xfail, strict=True)] if c.xfail else []
+        marks = [pytest.mark.xfail(reason=c.xfail, strict=True, raises=c.xfail_raises)] if c.xfail else []
         out.append(pytest.param(c, id=c.name, marks=marks))
     return out
 
@@ -531,15 +818,17 @@ def test_op(case: Case):
     if case.grad:
         assert diff_idx, "a differentiable case must have an output that requires grad"
     gen = torch.Generator().manual_seed(SEED + 1)
-    weights = [torch.randn(probe[i].shape, generator=gen) for i in diff_idx]
+    weights = [torch.randn(probe[i].shape, generator=gen, dtype=probe[i].dtype) for i in diff_idx]
 
-    backend = lort.LortBackend()
+    # mode="ort" explicitly: LORT_RUN_TYPE=pytorch in the environment would otherwise
+    # compare PyTorch with itself.
+    backend = lort.LortBackend({"mode": "ort"})
     fn = _with_loss(case.fn, diff_idx)
     compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    runs_before = lort.stats.ort_runs
     got, got_grads = _run(compiled, lort_in, weights, diff_idx)
+    ort_runs = lort.stats.ort_runs - runs_before
     expected, exp_grads = _run(fn, eager_in, weights, diff_idx)
-
-    check_records(case, backend)
 
     got_leaves, expected_leaves = pytree.tree_leaves(got), pytree.tree_leaves(expected)
     assert len(got_leaves) == len(expected_leaves)
@@ -555,6 +844,11 @@ def test_op(case: Case):
         for i, (g, e) in enumerate(zip(got_grads, exp_grads)):
             assert g is not None and e is not None, f"grad {i} missing"
             _compare(f"grad of input {i}", g, e, grtol, gatol)
+
+    # What ran where (after the values, so that a wrong result is reported as such).
+    check_records(case, backend)
+    groups = sum(len(r.groups) for r in backend.records)
+    assert ort_runs == groups, f"{groups} ORT group(s) compiled, but ORT ran {ort_runs} time(s)"
 
     if case.ref64:
         ref_in = [t.detach().double().requires_grad_(t.requires_grad) if t.is_floating_point() else t.detach().clone()

@@ -77,15 +77,110 @@ def registry() -> Any:
     return _ex_registration.ONNXRegistry.from_torchlib(OPSET)
 
 
+def _node_arg(node: torch.fx.Node, index: int, name: str, default: Any = None) -> Any:
+    """Argument ``name`` (positional ``index``) of an FX node."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _is_float_output(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dtype.is_floating_point
+
+
+def _is_float_arg(node: torch.fx.Node, index: int) -> bool:
+    arg = node.args[index] if len(node.args) > index else None
+    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dtype.is_floating_point
+
+
+def _when(predicate: Callable[[torch.fx.Node], bool], reason: str) -> Callable:
+    """A known-wrong entry for the nodes ``predicate`` selects: those run in PyTorch."""
+    return lambda node: reason if predicate(node) else None
+
+
 def _known_wrong() -> dict:
     """torch_lib translations that give results different from PyTorch's, found by
-    lort's op tests. They are treated as untranslatable, so PyTorch's decomposition of
-    the op (into ops that translate correctly) is used instead."""
+    lort's op tests (tests/test_ops.py).
+
+    A value is either a reason: the op is never translated and PyTorch's decomposition of
+    it (into ops that translate correctly) is used instead; or a function of the FX node
+    giving a reason or None, for ops that are wrong only for some arguments: the nodes it
+    gives a reason for are left to PyTorch as they are (not decomposed)."""
     aten = torch.ops.aten
+    floor_or_int = (
+        lambda n: _node_arg(n, 2, "rounding_mode") == "floor"
+        or (_node_arg(n, 2, "rounding_mode") == "trunc" and not _is_float_output(n))
+    )
+    div_mode = _when(
+        floor_or_int,
+        "torch_lib's div with rounding_mode computes integer division in float32 (wrong for "
+        "|values| > 2**24, e.g. 33554435 // 2 -> 16777218) and float floor division as "
+        "floor(a / b), where PyTorch rounds the exact quotient (7.0 // 0.1 is 69, not 70)",
+    )
+    float_floor = (
+        "torch_lib computes float floor division as floor(a / b) and remainder as "
+        "a - floor(a / b) * b; PyTorch works from fmod, exactly, so they differ when a / b "
+        "rounds to an integer (7.0 // 0.1 is 69 in PyTorch, 70 in ORT; 7.0 % 0.1 is 0.1 vs 0)"
+    )
     return {
         aten._native_batch_norm_legit_functional.default: (
             "torch_lib's training-mode batch norm (ONNX BatchNormalization training_mode=1) "
             "differs from PyTorch's outputs; decomposed instead"
+        ),
+        aten.nll_loss_forward.default: (
+            "torch_lib's nll_loss_forward returns a fake total_weight (the number of "
+            "elements of the loss output: 1 for mean/sum reduction) instead of the sum of "
+            "the weights of the non-ignored targets, so nll_loss_backward (and cross_entropy's "
+            "gradient) is scaled wrongly, e.g. 4x for a batch of 4; decomposed instead"
+        ),
+        aten.mv.default: (
+            "ORT 1.31's Transpose+MatMul fusion (graph optimization level 'extended' and up) "
+            "gives wrong results when MatMul's second input is 1-D, as in mv(t(A), x), the "
+            "vector gradient of mv and of matmul(matrix, vector); decomposed into mul+sum instead"
+        ),
+        aten.baddbmm.default: (
+            "torch_lib's baddbmm computes beta * input even when beta == 0, so NaN/inf in "
+            "input (e.g. a torch.empty buffer) propagate where PyTorch ignores input; decomposed "
+            "instead"
+        ),
+        aten.addmv.default: (
+            "torch_lib's addmv computes beta * input even when beta == 0, so NaN/inf in input "
+            "propagate where PyTorch ignores input; decomposed instead"
+        ),
+        aten.addbmm.default: _when(
+            lambda n: _node_arg(n, 3, "beta", 1) == 0,
+            "torch_lib's addbmm computes beta * input even when beta == 0, so NaN/inf in input "
+            "propagate where PyTorch ignores input",
+        ),
+        aten.atan2.default: _when(
+            lambda n: True,
+            "torch_lib's atan2 (atan(y / x) with quadrant fix-ups) is wrong for y == 0: "
+            "atan2(0, -1) gives -pi instead of pi, and signed zeros are not followed",
+        ),
+        aten.div.Tensor_mode: div_mode,
+        aten.div.Scalar_mode: div_mode,
+        aten.floor_divide.default: _when(_is_float_output, float_floor),
+        aten.remainder.Tensor: _when(_is_float_output, float_floor),
+        aten.remainder.Scalar: _when(_is_float_output, float_floor),
+        aten.avg_pool2d.default: _when(
+            lambda n: _node_arg(n, 6, "divisor_override") is not None,
+            "torch_lib's avg_pool2d ignores divisor_override",
+        ),
+        aten.avg_pool3d.default: _when(
+            lambda n: _node_arg(n, 6, "divisor_override") is not None,
+            "torch_lib's avg_pool3d ignores divisor_override",
+        ),
+        aten.scatter_reduce.two: _when(
+            lambda n: _node_arg(n, 4, "reduce") == "mean",
+            "torch_lib's scatter_reduce has no 'mean' reduction (ONNX ScatterElements has "
+            "none): it scatters without averaging",
+        ),
+        aten.mean.dim: _when(
+            lambda n: not _is_float_arg(n, 0),
+            "torch_lib's mean of an integer tensor with dtype= averages in the integer type "
+            "(ReduceMean truncates) and casts afterwards",
         ),
     }
 
@@ -94,6 +189,8 @@ def dispatch(node: torch.fx.Node) -> tuple[Callable | None, str]:
     """The torch_lib function that translates ``node``, or None and the reason."""
     reg = registry()
     wrong = _known_wrong().get(node.target)
+    if callable(wrong):
+        wrong = wrong(node)
     if wrong:
         return None, wrong
     if not reg.is_registered(node.target):
@@ -105,7 +202,8 @@ def dispatch(node: torch.fx.Node) -> tuple[Callable | None, str]:
 def decomposition_table() -> dict:
     """PyTorch decompositions for exactly the ops torch_lib cannot translate (correctly)."""
     reg = registry()
-    implemented = set(_ex_decomp.get_onnx_implemented_overloads(reg)) - set(_known_wrong())
+    always_wrong = {op for op, why in _known_wrong().items() if isinstance(why, str)}
+    implemented = set(_ex_decomp.get_onnx_implemented_overloads(reg)) - always_wrong
     return _ex_decomp.create_onnx_friendly_decomposition_table(implemented)
 
 
