@@ -108,6 +108,12 @@ def transformer_encoder_layer_fwd(
 @functools.lru_cache(maxsize=1)
 def table() -> dict:
     decomps = dict(_compat.decomposition_table())
+    # Decompositions that break tracing: lift_fresh's turns a torch.tensor() constant
+    # into an alias of a real tensor inside FakeTensorMode; diagonal_scatter's and
+    # as_strided_scatter's (torch._refs) emit prims.copy_to, which AOTAutograd rejects as
+    # not functional. Without them the ops stay whole.
+    for op in (aten.lift_fresh.default, aten.diagonal_scatter.default, aten.as_strided_scatter.default):
+        decomps.pop(op, None)
     decomps[aten.convolution_backward.default] = convolution_backward
     decomps[aten._transformer_encoder_layer_fwd.default] = transformer_encoder_layer_fwd
     return decomps

@@ -103,6 +103,9 @@ class GroupSession:
         self._binding = _FastBinding(self.session, self._ort_device)
         self._bound: list = [None] * len(self.input_names)
         self._lock = threading.Lock()
+        # Sessions are built while tracing (under FakeTensorMode); real buffers are made
+        # on the first run.
+        self._placeholder: torch.Tensor | None = None
 
     def run(self, args) -> list[torch.Tensor]:
         """Run on torch tensors (and Python int/float scalars), sharing memory with ORT."""
@@ -111,6 +114,9 @@ class GroupSession:
                 self._binding = _FastBinding(self.session, self._ort_device)
                 self._bound = [None] * len(self.input_names)
             binding = self._binding
+            if self._placeholder is None:
+                self._placeholder = torch.empty(8, dtype=torch.float64, device=self.device)
+                self._placeholder_ptr = self._placeholder.data_ptr()
             keep = []  # temporaries whose memory ORT reads must outlive the run
             for i, a in enumerate(args):
                 if isinstance(a, torch.Tensor):
@@ -119,15 +125,19 @@ class GroupSession:
                     t = torch.tensor(a, dtype=torch.int64 if isinstance(a, int) else torch.float32, device=self.device)
                 if t is not a:
                     keep.append(t)
-                key = (t.data_ptr(), t.shape, t.dtype)
-                if key != self._bound[i] or key[0] == 0:
-                    binding.bind_input(self.input_names[i], _NP_DTYPES[t.dtype], tuple(t.shape), t.data_ptr())
+                # ORT refuses a null pointer, which empty tensors have: point it at a
+                # valid buffer it will not read.
+                key = (t.data_ptr() if t.numel() else self._placeholder_ptr, t.shape, t.dtype)
+                if key != self._bound[i]:
+                    ptr = key[0]
+                    binding.bind_input(self.input_names[i], _NP_DTYPES[t.dtype], tuple(t.shape), ptr)
                     self._bound[i] = key
             results: list[torch.Tensor] = []
             if self._static_outputs:
                 for name, spec in zip(self.output_names, self.outputs):
                     out = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
-                    binding.bind_output(name, _NP_DTYPES[spec.dtype], spec.shape, out.data_ptr())
+                    ptr = out.data_ptr() if out.numel() else self._placeholder_ptr
+                    binding.bind_output(name, _NP_DTYPES[spec.dtype], spec.shape, ptr)
                     results.append(out)
                 binding.run(self._run_options)
             else:

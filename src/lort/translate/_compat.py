@@ -25,6 +25,7 @@ try:  # pragma: no cover - exercised by the import itself
     from torch.onnx._internal.exporter import _core as _ex_core
     from torch.onnx._internal.exporter import _decomp as _ex_decomp
     from torch.onnx._internal.exporter import _dispatching as _ex_dispatching
+    from torch.onnx._internal.exporter import _fx_passes as _ex_fx_passes
     from torch.onnx._internal.exporter import _ir_passes as _ex_ir_passes
     from torch.onnx._internal.exporter import _registration as _ex_registration
 
@@ -43,6 +44,7 @@ _REQUIRED = (
     ("_registration", "ONNXRegistry"),
     ("_decomp", "create_onnx_friendly_decomposition_table"),
     ("_ir_passes", "add_opset_imports"),
+    ("_fx_passes", "insert_type_promotion_nodes"),
 )
 
 
@@ -60,6 +62,7 @@ def check_versions() -> None:
         "_registration": _ex_registration,
         "_decomp": _ex_decomp,
         "_ir_passes": _ex_ir_passes,
+        "_fx_passes": _ex_fx_passes,
     }
     for mod, attr in _REQUIRED:
         if not hasattr(modules[mod], attr):
@@ -100,6 +103,7 @@ def _when(predicate: Callable[[torch.fx.Node], bool], reason: str) -> Callable:
     return lambda node: reason if predicate(node) else None
 
 
+@functools.lru_cache(maxsize=1)
 def _known_wrong() -> dict:
     """torch_lib translations that give results different from PyTorch's, found by
     lort's op tests (tests/test_ops.py).
@@ -205,6 +209,34 @@ def decomposition_table() -> dict:
     always_wrong = {op for op, why in _known_wrong().items() if isinstance(why, str)}
     implemented = set(_ex_decomp.get_onnx_implemented_overloads(reg)) - always_wrong
     return _ex_decomp.create_onnx_friendly_decomposition_table(implemented)
+
+
+def fill_default_arguments(gm: torch.fx.GraphModule) -> None:
+    """Write out positional arguments left at their schema default (AOTAutograd leaves
+    e.g. ``amax``'s ``dim=[]`` out; some torch_lib functions require them)."""
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        schema_args = target._schema.arguments
+        args, kwargs = list(node.args), dict(node.kwargs)
+        for arg in schema_args[len(args):]:
+            if arg.kwarg_only:
+                break
+            if arg.name in kwargs:
+                args.append(kwargs.pop(arg.name))
+            elif arg.has_default_value():
+                args.append(arg.default_value)
+            else:
+                break
+        node.args, node.kwargs = tuple(args), kwargs
+    gm.recompile()
+
+
+def insert_type_promotion(gm: torch.fx.GraphModule) -> None:
+    """Make PyTorch's implicit type promotion explicit (ONNX ops take one dtype), with
+    torch.onnx's own pass."""
+    _ex_fx_passes.insert_type_promotion_nodes(gm)
 
 
 def translate_graph(fx_graph: torch.fx.Graph, name: str) -> ir.Model:

@@ -18,6 +18,8 @@ logger = logging.getLogger("lort")
 def group_to_onnx(gm: torch.fx.GraphModule, name: str) -> ir.Model:
     """The ONNX model of a group: inputs are the placeholders, outputs the output tuple."""
     try:
+        _compat.insert_type_promotion(gm)
+        _compat.fill_default_arguments(gm)
         model = _compat.translate_graph(gm.graph, name)
     except Exception as e:
         raise TranslationError(f"could not translate group {name!r} to ONNX: {_root_cause(e)}") from e
