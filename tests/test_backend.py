@@ -254,3 +254,53 @@ def test_dynamic_shapes_reuse_one_session_per_group():
         assert total == sessions  # new sizes compile nothing
     assert [r.kind for r in backend.records] == ["forward", "backward"]
     assert all(r.torch_nodes == 0 for r in backend.records)
+
+
+def test_ort_fusions_fire_and_can_be_turned_off():
+    from lort.testing.models import MLP
+
+    torch.manual_seed(0)
+    m = MLP().eval()
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        ref = m(x)
+        for fusions in (True, False):
+            torch._dynamo.reset()
+            backend = LortBackend({"ort_fusions": fusions})
+            out = torch.compile(m, backend=backend)(x)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+            fired = backend.records[0].groups[0].fusions
+            if fusions:
+                assert fired.get("erf_gelu") == 3  # one per GELU
+            else:
+                assert fired == {}
+
+
+def test_fused_model_refused_by_ort_falls_back_to_plain_translation(monkeypatch):
+    from lort.translate import onnx_export
+
+    monkeypatch.setattr(onnx_export, "fuse_for_ort", lambda model: (b"not an onnx model", {"fake": 1}))
+    x, w = inputs()
+    backend = LortBackend()
+    out = torch.compile(f, backend=backend)(x, w)
+    torch.testing.assert_close(out, f(x, w), rtol=1e-5, atol=1e-6)
+    group = backend.records[0].groups[0]
+    assert group.fusions == {}  # the plain model runs
+    assert backend.records[0].torch_nodes == 0
+
+
+def test_threads_chosen_by_timing_unless_set():
+    x, w = inputs()
+    backend = LortBackend()
+    torch.compile(f, backend=backend)(x, w)
+    group = backend.records[0].groups[0]
+    if torch.get_num_threads() > 1:
+        assert set(group.thread_times) == {torch.get_num_threads(), 1}
+        fastest = min(group.thread_times, key=group.thread_times.get)
+        assert group.threads == fastest
+    torch._dynamo.reset()
+    backend = LortBackend({"intra_op_num_threads": 1})
+    torch.compile(f, backend=backend)(x, w)
+    group = backend.records[0].groups[0]
+    assert group.threads == 1 and group.thread_times == {}
+    assert "threads" in str(lort.ExplainReport(backend.records))

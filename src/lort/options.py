@@ -54,8 +54,12 @@ class Options:
     max_group_args: int = 128
     #: ORT graph optimization level of each session.
     graph_optimization_level: str = "all"
-    #: ORT intra-op threads; None uses torch.get_num_threads().
+    #: ORT intra-op threads. None chooses per group between torch.get_num_threads() and
+    #: 1 by timing both at compile time (small groups run faster on one thread).
     intra_op_num_threads: int | None = None
+    #: Apply onnxscript's ORT fusion rewrites (GELU, skip layer norm, attention, fused
+    #: matmul, ...) to each group before ORT's own optimizations.
+    ort_fusions: bool = True
     #: Let ORT's thread pool spin after a run. None decides per graph: spinning only when
     #: the whole graph is one ORT group (spinning threads steal cores from PyTorch ops).
     allow_spinning: bool | None = None
@@ -117,4 +121,4 @@ class Options:
 
     def session_key(self) -> tuple:
         """The options that change an ORT session (part of the session cache key)."""
-        return (self.providers, self.graph_optimization_level, self.intra_op_num_threads)
+        return (self.providers, self.graph_optimization_level, self.intra_op_num_threads, self.ort_fusions)

@@ -23,6 +23,11 @@ class GroupInfo:
     num_inputs: int
     num_outputs: int
     ops: list[str]
+    #: ORT intra-op threads chosen, and the timings (seconds) it was chosen by.
+    threads: int | None = None
+    thread_times: dict = dataclasses.field(default_factory=dict)
+    #: onnxscript ORT fusion rewrites that fired, by name.
+    fusions: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -45,6 +50,7 @@ class GraphRecord:
         in_group = set()
         for g in groups:
             in_group.update(n for n in g.nodes if is_aten_node(n))
+            mod = modules.get(g.name)
             self.groups.append(
                 GroupInfo(
                     g.name,
@@ -52,6 +58,9 @@ class GraphRecord:
                     len(g.inputs),
                     len(g.outputs),
                     [op_name(n) for n in g.nodes if is_aten_node(n)],
+                    threads=getattr(mod, "threads", None),
+                    thread_times=dict(getattr(mod, "thread_times", {})),
+                    fusions=dict(getattr(mod, "fusions", {})),
                 )
             )
         self.group_modules = dict(modules)
@@ -115,9 +124,14 @@ class ExplainReport:
         for r in self.records:
             lines.append(f"{r.name:<24} {r.kind:<10} {len(r.groups):>6} {r.ort_nodes:>6} {r.torch_nodes:>6}")
         if self.groups:
-            lines += ["", f"{'group':<28} {'nodes':>6} {'inputs':>7} {'outputs':>8}"]
+            lines += ["", f"{'group':<28} {'nodes':>6} {'inputs':>7} {'outputs':>8} {'threads':>8}  ORT fusions"]
             for g in self.groups:
-                lines.append(f"{g.name:<28} {g.num_nodes:>6} {g.num_inputs:>7} {g.num_outputs:>8}")
+                times = ", ".join(f"{k}: {v * 1e6:.0f}us" for k, v in g.thread_times.items() if v is not None)
+                threads = f"{g.threads}" + (f" ({times})" if times else "")
+                fusions = ", ".join(f"{k} x{v}" for k, v in g.fusions.items()) or "-"
+                lines.append(
+                    f"{g.name:<28} {g.num_nodes:>6} {g.num_inputs:>7} {g.num_outputs:>8} {threads:>8}  {fusions}"
+                )
         if self.fallbacks:
             lines += ["", "left to PyTorch:", f"{'count':>6}  {'op':<40} reason"]
             counts = collections.Counter(self.fallbacks)

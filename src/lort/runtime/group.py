@@ -12,7 +12,31 @@ import torch.fx
 from ..errors import MismatchError
 from ..options import Options
 from ..translate import onnx_export
-from .session import GroupSession, OutputSpec
+from ..errors import SessionCreationError
+from .session import GroupSession, OutputSpec, measure_session
+
+#: A group whose run takes longer than this with all threads is not timed with one.
+_PARALLEL_WORK_S = 0.02
+
+
+def _synthetic_inputs(metas) -> list | None:
+    """Inputs of the placeholders' shapes and dtypes to time a session on (NumPy, as
+    compilation runs under FakeTensorMode); integer inputs are zeros (valid indices)."""
+    import numpy as np
+
+    from .session import _NP_DTYPES
+
+    rng = np.random.default_rng(0)
+    out = []
+    for m in metas:
+        if not isinstance(m, torch.Tensor) or _static_shape(m) is None or m.dtype not in _NP_DTYPES:
+            return None
+        np_dtype = _NP_DTYPES[m.dtype]
+        if m.dtype.is_floating_point:
+            out.append(rng.standard_normal(_static_shape(m)).astype(np_dtype))
+        else:
+            out.append(np.zeros(_static_shape(m), dtype=np_dtype))
+    return out
 
 logger = logging.getLogger("lort")
 
@@ -68,6 +92,9 @@ class OrtGroup(torch.nn.Module):
         self.model_bytes: bytes | None = None
         self.sessions: dict[tuple, GroupSession] = {}
         self._static_session: GroupSession | None = None
+        self.fusions: dict[str, int] = {}
+        self.threads = options.intra_op_num_threads or torch.get_num_threads()
+        self.thread_times: dict[int, float | None] = {}
         self.num_nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
         self._dynamic = any(
             not isinstance(n.meta.get("val"), torch.Tensor) or _static_shape(n.meta["val"]) is None
@@ -80,19 +107,56 @@ class OrtGroup(torch.nn.Module):
     def prepare(self) -> None:
         """Translate to ONNX and build the session for the graph's own spec.
 
+        With ``ort_fusions``, onnxscript's ORT fusion rewrites are applied first; if ORT
+        then refuses the rewritten model, the plain translation is used. With
+        ``intra_op_num_threads=None`` the thread count is chosen by timing the session
+        with one thread and with torch's thread count on inputs of the real shapes.
+
         Raises TranslationError or SessionCreationError."""
         model = onnx_export.group_to_onnx(self.gm, self.name)
-        self.model_bytes = onnx_export.serialize(model)
+        plain = onnx_export.serialize(model)
+        candidates = [plain]
+        if self.options.ort_fusions:
+            fused, self.fusions = onnx_export.fuse_for_ort(model)
+            if fused is not None:
+                candidates.insert(0, fused)
+        metas = [n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder"]
+        key = self._spec(metas)
+        for i, model_bytes in enumerate(candidates):
+            try:
+                self.model_bytes = model_bytes
+                self._choose_threads(metas)
+                sess = self._session(key)
+                break
+            except SessionCreationError as e:
+                if i == len(candidates) - 1:
+                    raise
+                logger.info("lort: %s: ORT refused the fused model (%s); using the plain one", self.name, e)
+                self.fusions = {}
         if self.options.save_onnx:
             os.makedirs(self.options.save_onnx, exist_ok=True)
             path = os.path.join(self.options.save_onnx, f"{self.name}.onnx")
             with open(path, "wb") as f:
                 f.write(self.model_bytes)
             logger.info("lort: wrote %s", path)
-        metas = [n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder"]
-        sess = self._session(self._spec(metas))
         if not self._dynamic:
             self._static_session = sess
+
+    def _choose_threads(self, metas) -> None:
+        self.threads = self.options.intra_op_num_threads or torch.get_num_threads()
+        if self.options.intra_op_num_threads is not None or self.threads == 1 or self._dynamic:
+            return
+        feeds = _synthetic_inputs(metas)
+        if feeds is None:
+            return
+        times = {}
+        for threads in (self.threads, 1):
+            times[threads] = measure_session(self.model_bytes, self.device, self.options, threads, feeds)
+            if times[threads] is None or times[threads] > _PARALLEL_WORK_S:
+                break  # enough work to use every thread (or no measurement possible)
+        self.thread_times = times
+        if times.get(1) is not None and times[1] < times[self.threads]:
+            self.threads = 1
 
     def _spec(self, args) -> tuple:
         """The argument spec a session is cached by. With symbolic dims in the graph the
@@ -105,7 +169,7 @@ class OrtGroup(torch.nn.Module):
         sess = self.sessions.get(key)
         if sess is None:
             assert self.model_bytes is not None
-            sess = GroupSession(self.model_bytes, self.device, self._outputs, self.options, self.name)
+            sess = GroupSession(self.model_bytes, self.device, self._outputs, self.options, self.name, self.threads)
             self.sessions[key] = sess
             logger.debug("lort: built session %d for %s (spec %s)", len(self.sessions), self.name, key)
         return sess

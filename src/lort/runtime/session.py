@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,10 +53,10 @@ class _Stats:
 stats = _Stats()
 
 
-def session_options(options: Options) -> ort.SessionOptions:
+def session_options(options: Options, threads: int | None = None) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.graph_optimization_level = _LEVELS[options.graph_optimization_level]
-    so.intra_op_num_threads = options.intra_op_num_threads or torch.get_num_threads()
+    so.intra_op_num_threads = threads or options.intra_op_num_threads or torch.get_num_threads()
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 3
@@ -80,19 +81,19 @@ def _ort_device(device: torch.device) -> tuple[str, int]:
 class GroupSession:
     """One ORT session of one group for one argument spec."""
 
-    def __init__(self, model_bytes: bytes, device: torch.device, outputs: list[OutputSpec], options: Options, name: str):
+    def __init__(
+        self,
+        model_bytes: bytes,
+        device: torch.device,
+        outputs: list[OutputSpec],
+        options: Options,
+        name: str,
+        threads: int | None = None,
+    ):
         self.name = name
         self.device = device
         self.outputs = outputs
-        try:
-            self.session = ort.InferenceSession(
-                model_bytes,
-                sess_options=session_options(options),
-                providers=providers.for_device(device, options.providers),
-            )
-        except Exception as e:
-            raise SessionCreationError(f"ONNX Runtime could not build a session for group {name!r}: {e}") from e
-        stats.add_session()
+        self.session = _create(model_bytes, device, options, name, threads)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._ort_device = _ort_device(device)
@@ -151,6 +152,43 @@ class GroupSession:
             stats.ort_runs += 1
             del keep
             return results
+
+
+def _create(model_bytes: bytes, device: torch.device, options: Options, name: str, threads: int | None):
+    try:
+        session = ort.InferenceSession(
+            model_bytes,
+            sess_options=session_options(options, threads),
+            providers=providers.for_device(device, options.providers),
+        )
+    except Exception as e:
+        raise SessionCreationError(f"ONNX Runtime could not build a session for group {name!r}: {e}") from e
+    stats.add_session()
+    return session
+
+
+def measure_session(model_bytes: bytes, device: torch.device, options: Options, threads: int, feeds: list) -> float | None:
+    """Median seconds of a run of a session with ``threads`` threads on NumPy ``feeds``
+    (CPU only; None where it cannot be measured). Raises SessionCreationError."""
+    if device.type != "cpu":
+        return None
+    session = _create(model_bytes, device, options, "timing", threads)
+    named = {i.name: f for i, f in zip(session.get_inputs(), feeds)}
+    samples = []
+    for i in range(8):
+        t0 = time.perf_counter()
+        try:
+            session.run(None, named)
+        except Exception:  # synthetic inputs can be invalid (an integer divisor of 0)
+            return None
+        elapsed = time.perf_counter() - t0
+        if i >= 2:
+            samples.append(elapsed)
+        if elapsed > 0.05:
+            samples.append(elapsed)
+            break
+    samples.sort()
+    return samples[len(samples) // 2]
 
 
 class _FastBinding:

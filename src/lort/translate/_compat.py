@@ -239,6 +239,13 @@ def insert_type_promotion(gm: torch.fx.GraphModule) -> None:
     _ex_fx_passes.insert_type_promotion_nodes(gm)
 
 
+def optimize_for_ort(model: ir.Model) -> tuple[ir.Model, dict[str, int]]:
+    """onnxscript's ORT-specific fusion rewrites (in place) and their counts."""
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort as _optimize_for_ort
+
+    return _optimize_for_ort(model)
+
+
 def translate_graph(fx_graph: torch.fx.Graph, name: str) -> ir.Model:
     """Translate an FX graph of ATen ops (placeholders, call_function, output) to ONNX IR.
 

@@ -31,6 +31,23 @@ def serialize(model: ir.Model) -> bytes:
     return ir.serde.serialize_model(model).SerializeToString()
 
 
+def fuse_for_ort(model: ir.Model) -> tuple[bytes | None, dict[str, int]]:
+    """The model rewritten with onnxscript's ORT fusions (GELU, skip layer norm,
+    attention, fused matmuls, ...) and the count of each fusion that fired; (None, {})
+    when the rewrite fails or changes the model's interface. ``model`` is not changed."""
+    copy = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    try:
+        fused, counts = _compat.optimize_for_ort(copy)
+    except Exception as e:  # the rewriter is an optimization: never fatal
+        logger.info("lort: ORT fusion rewrites failed on %s: %s", model.graph.name, _root_cause(e))
+        return None, {}
+    names = lambda vs: [v.name for v in vs]  # noqa: E731
+    if names(fused.graph.inputs) != names(model.graph.inputs) or names(fused.graph.outputs) != names(model.graph.outputs):
+        logger.info("lort: ORT fusion rewrites changed the interface of %s; not used", model.graph.name)
+        return None, {}
+    return serialize(fused), {k: v for k, v in counts.items() if v}
+
+
 def _name_io(model: ir.Model, gm: torch.fx.GraphModule) -> None:
     """Stable input/output names: in_<i>, out_<i>."""
     for i, v in enumerate(model.graph.inputs):
