@@ -34,21 +34,27 @@ SCENARIOS = {"infer1": ("inference", 1), "infer8": ("inference", 8), "train": ("
 BACKENDS = ["eager", "inductor", "lort"]
 
 
-def timed(fn, min_time=1.0, repeats=7):
-    """Median over `repeats` samples, each the mean of enough calls to last min_time/repeats."""
-    fn()
-    fn()
-    t0 = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - t0, 1e-6)
-    inner = max(1, int(min_time / repeats / one))
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(inner):
+def timed_interleaved(fns: dict, min_time=1.0, repeats=11) -> dict:
+    """Median seconds per call of each function, sampled round-robin (A B C A B C ...)
+    so that drift in the machine's speed affects every backend alike. Each sample is the
+    mean over enough calls to last about min_time / repeats."""
+    inner = {}
+    for name, fn in fns.items():
+        for _ in range(3):
             fn()
-        samples.append((time.perf_counter() - t0) / inner)
-    return statistics.median(samples)
+        t0 = time.perf_counter()
+        fn()
+        one = max(time.perf_counter() - t0, 1e-6)
+        inner[name] = max(1, int(min_time / repeats / one))
+    samples = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            n = inner[name]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / n)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def make_runner(name, scenario, backend):
@@ -82,14 +88,15 @@ def run(models, scenarios, min_time):
     rows = []
     for name in models:
         for scenario in scenarios:
-            times, firsts = {}, {}
+            torch._dynamo.reset()
+            steps, firsts = {}, {}
             for backend in BACKENDS:
-                torch._dynamo.reset()
                 step = make_runner(name, scenario, backend)
                 t0 = time.perf_counter()
                 step()
                 firsts[backend] = time.perf_counter() - t0
-                times[backend] = timed(step, min_time)
+                steps[backend] = step
+            times = timed_interleaved(steps, min_time * len(BACKENDS))
             row = dict(model=name, scenario=scenario, times=times, firsts=firsts)
             rows.append(row)
             print(format_row(row), flush=True)
@@ -156,7 +163,8 @@ def main(argv=None):
         f"Taken {datetime.date.today().isoformat()} by `python benchmarks/run.py` (all backends side by side in one process).",
         f"Machine: {machine()}.",
         "",
-        "Times are the median of 7 samples (each a mean over repeated calls); ratios are speed-ups",
+        "Times are the median of 11 samples per backend, taken round-robin across the backends",
+        "(each sample a mean over repeated calls); ratios are speed-ups",
         "(eager time / lort time, inductor time / lort time): above 1 means lort is faster.",
         "infer1/infer8: inference under no_grad at batch 1 / 8; train: forward + backward at batch 8.",
         "First call: capture + compile + first run, in seconds.",

@@ -304,3 +304,21 @@ def test_threads_chosen_by_timing_unless_set():
     group = backend.records[0].groups[0]
     assert group.threads == 1 and group.thread_times == {}
     assert "threads" in str(lort.ExplainReport(backend.records))
+
+
+def test_convolution_backward_stays_in_pytorch_by_default():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, 3)
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    grads = {}
+    for decompose in (False, True):
+        torch._dynamo.reset()
+        conv.zero_grad()
+        x.grad = None
+        backend = LortBackend({"decompose_conv_backward": decompose})
+        torch.compile(conv, backend=backend)(x).pow(2).sum().backward()
+        grads[decompose] = (x.grad.clone(), conv.weight.grad.clone())
+        bw = backend.records[1]
+        in_torch = {op for op, _ in bw.fallbacks}
+        assert ("aten.convolution_backward.default" in in_torch) is not decompose
+    torch.testing.assert_close(grads[True], grads[False], rtol=1e-4, atol=1e-5)

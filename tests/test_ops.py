@@ -794,7 +794,8 @@ def test_op(case: Case):
 
     # mode="ort" explicitly: LORT_RUN_TYPE=pytorch in the environment would otherwise
     # compare PyTorch with itself.
-    backend = lort.LortBackend({"mode": "ort"})
+    # decompose_conv_backward: convolution backward runs in ORT too (off by default for speed).
+    backend = lort.LortBackend({"mode": "ort", "decompose_conv_backward": True})
     fn = _with_loss(case.fn, diff_idx)
     compiled = torch.compile(fn, backend=backend, fullgraph=True)
     runs_before = lort.stats.ort_runs

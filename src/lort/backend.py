@@ -36,7 +36,7 @@ class LortBackend:
         self._count = 0
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        return aot_backend(self.compile_graph)(gm, example_inputs)
+        return aot_backend(self.compile_graph, self.options.decompose_conv_backward)(gm, example_inputs)
 
     # -- one ATen graph ------------------------------------------------------------
     def compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str) -> Callable:

@@ -63,6 +63,9 @@ class Options:
     #: Let ORT's thread pool spin after a run. None decides per graph: spinning only when
     #: the whole graph is one ORT group (spinning threads steal cores from PyTorch ops).
     allow_spinning: bool | None = None
+    #: Write convolution_backward as convolutions so it runs in ORT. Off by default:
+    #: slower than PyTorch's kernels on CPU (see lort/capture/decompositions.py).
+    decompose_conv_backward: bool = False
     #: A directory to write every translated group's ONNX model to, or None.
     save_onnx: str | None = None
 

@@ -16,7 +16,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from . import decompositions
 
 
-def aot_backend(compile_graph: Callable[[torch.fx.GraphModule, list, str], Callable]) -> Callable:
+def aot_backend(
+    compile_graph: Callable[[torch.fx.GraphModule, list, str], Callable], decompose_conv_backward: bool = False
+) -> Callable:
     """A Dynamo backend that hands AOTAutograd's graphs to ``compile_graph(gm, inputs, kind)``,
     kind being 'forward', 'backward' or 'inference'."""
     from torch._dynamo.backends.common import aot_autograd
@@ -34,7 +36,7 @@ def aot_backend(compile_graph: Callable[[torch.fx.GraphModule, list, str], Calla
         fw_compiler=fw,
         bw_compiler=bw,
         inference_compiler=inference,
-        decompositions=decompositions.table(),
+        decompositions=decompositions.table(decompose_conv_backward),
         # Buffer updates (batch norm's running stats) leave the graph as outputs and
         # AOTAutograd's epilogue writes them, so graphs stay functional.
         keep_inference_input_mutations=False,
