@@ -239,12 +239,14 @@ def test_dynamic_shapes_reuse_one_session_per_group():
     backend = LortBackend()
     cm = torch.compile(m, backend=backend, dynamic=True)
     sessions = None
+    kept = []
     for n in (3, 5, 7):
         x = torch.randn(n, 64, requires_grad=True)
         xe = x.detach().clone().requires_grad_()
         y = cm(x)
         ye = m(xe)
         torch.testing.assert_close(y, ye, rtol=1e-5, atol=1e-5)
+        kept.append((y.detach(), ye.detach()))
         y.pow(2).sum().backward()
         ye.pow(2).sum().backward()
         torch.testing.assert_close(x.grad, xe.grad, rtol=1e-4, atol=1e-5)
@@ -254,6 +256,8 @@ def test_dynamic_shapes_reuse_one_session_per_group():
         assert total == sessions  # new sizes compile nothing
     assert [r.kind for r in backend.records] == ["forward", "backward"]
     assert all(r.torch_nodes == 0 for r in backend.records)
+    for y, ye in kept:  # outputs own their memory: later runs did not overwrite them
+        torch.testing.assert_close(y, ye, rtol=1e-5, atol=1e-5)
 
 
 def test_ort_fusions_fire_and_can_be_turned_off():

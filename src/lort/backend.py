@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import operator
 import warnings
 from typing import Any, Callable, Mapping
 
@@ -104,11 +106,13 @@ class LortBackend:
 
     def _find_failing_nodes(self, grp: fuser.FusionGroup) -> dict[torch.fx.Node, str]:
         bad = {}
+        # A probe only needs to know whether the node translates and ORT accepts it.
+        probe_options = dataclasses.replace(self.options, ort_fusions=False, intra_op_num_threads=1, save_onnx=None)
         for n in grp.nodes:
-            if n.target is fuser.operator.getitem:
+            if n.target is operator.getitem:
                 continue
             single = onnx_export.single_node_graph(n)
-            probe = OrtGroup(f"{grp.name}_probe", single, None, self.options)
+            probe = OrtGroup(f"{grp.name}_probe", single, None, probe_options)
             try:
                 probe.prepare()
             except (TranslationError, SessionCreationError) as e:
@@ -116,7 +120,7 @@ class LortBackend:
                 self._fail_node(n, reason)
                 bad[n] = reason
                 for u in n.users:
-                    if u.target is fuser.operator.getitem:
+                    if u.target is operator.getitem:
                         bad[u] = reason
         return bad
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
-import operator
 import os
 
+import numpy as np
 import torch
 import torch.fx
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 
-from ..errors import MismatchError
+from ..errors import MismatchError, SessionCreationError
 from ..options import Options
 from ..translate import onnx_export
-from ..errors import SessionCreationError
-from .session import GroupSession, OutputSpec, measure_session
+from .session import _NP_DTYPES, GroupSession, OutputSpec, measure_session
+
+logger = logging.getLogger("lort")
 
 #: A group whose run takes longer than this with all threads is not timed with one.
 _PARALLEL_WORK_S = 0.02
@@ -22,10 +24,6 @@ _PARALLEL_WORK_S = 0.02
 def _synthetic_inputs(metas) -> list | None:
     """Inputs of the placeholders' shapes and dtypes to time a session on (NumPy, as
     compilation runs under FakeTensorMode); integer inputs are zeros (valid indices)."""
-    import numpy as np
-
-    from .session import _NP_DTYPES
-
     rng = np.random.default_rng(0)
     out = []
     for m in metas:
@@ -38,8 +36,6 @@ def _synthetic_inputs(metas) -> list | None:
             out.append(np.zeros(_static_shape(m), dtype=np_dtype))
     return out
 
-logger = logging.getLogger("lort")
-
 
 def _static_shape(t: torch.Tensor) -> tuple[int, ...] | None:
     dims = []
@@ -50,14 +46,18 @@ def _static_shape(t: torch.Tensor) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
+def _is_symbolic(val) -> bool:
+    if isinstance(val, (list, tuple)):
+        return any(_is_symbolic(v) for v in val)
+    return isinstance(val, torch.SymInt) or (isinstance(val, torch.Tensor) and _static_shape(val) is None)
+
+
 def _needs_restride(t: torch.Tensor) -> tuple | None:
     """The meta strides of an output when they are static, dense and not contiguous
     (a permuted layout that PyTorch code after the group may rely on)."""
     shape = _static_shape(t)
     if shape is None or t.is_contiguous():
         return None
-    from torch._prims_common import is_non_overlapping_and_dense_or_false
-
     if not is_non_overlapping_and_dense_or_false(t):
         return None
     try:
@@ -95,12 +95,10 @@ class OrtGroup(torch.nn.Module):
         self.fusions: dict[str, int] = {}
         self.threads = options.intra_op_num_threads or torch.get_num_threads()
         self.thread_times: dict[int, float | None] = {}
-        self.num_nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+        # Symbolic shapes anywhere (Dynamo's dynamic shapes): the ONNX model has symbolic
+        # dims and output shapes are known only after a run.
         self._dynamic = any(
-            not isinstance(n.meta.get("val"), torch.Tensor) or _static_shape(n.meta["val"]) is None
-            for n in gm.graph.nodes
-            if n.op in ("placeholder", "call_function") and n.target is not operator.getitem
-            and isinstance(n.meta.get("val"), (torch.Tensor, torch.SymInt))
+            _is_symbolic(n.meta.get("val")) for n in gm.graph.nodes if n.op in ("placeholder", "call_function")
         )
 
     # -- compile -----------------------------------------------------------------
