@@ -326,3 +326,40 @@ def test_convolution_backward_stays_in_pytorch_by_default():
         in_torch = {op for op, _ in bw.fallbacks}
         assert ("aten.convolution_backward.default" in in_torch) is not decompose
     torch.testing.assert_close(grads[True], grads[False], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("pytorch_faster", [True, False])
+def test_executor_auto_runs_each_group_where_it_timed_faster(monkeypatch, pytorch_faster):
+    from lort.runtime import group as group_mod
+
+    real = group_mod._time_pytorch
+
+    def fake_time(gm, feeds):
+        measured = real(gm, feeds)
+        assert measured is not None and measured > 0  # the real measurement works
+        return 1e-9 if pytorch_faster else 10.0
+
+    monkeypatch.setattr(group_mod, "_time_pytorch", fake_time)
+    x, w = inputs()
+    backend = LortBackend({"executor": "auto"})
+    before = lort.stats.ort_runs
+    out = torch.compile(f, backend=backend)(x, w)
+    torch.testing.assert_close(out, f(x, w), rtol=1e-5, atol=1e-6)
+    record = backend.records[0]
+    group = record.groups[0]
+    assert set(group.executor_times) == {"ort", "pytorch"}
+    if pytorch_faster:
+        assert group.executor == "pytorch"
+        assert lort.stats.ort_runs == before
+        assert record.ort_nodes == 0
+        assert all("ran faster in PyTorch" in reason for _, reason in record.fallbacks)
+        assert "[runs in PyTorch]" in str(lort.ExplainReport(backend.records))
+    else:
+        assert group.executor == "ort"
+        assert lort.stats.ort_runs > before
+        assert record.torch_nodes == 0
+
+
+def test_bad_executor_is_a_clear_error():
+    with pytest.raises(ValueError, match="executor='gpu'"):
+        lort.Options.resolve({"executor": "gpu"})

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 RUN_MODES = ("ort", "pytorch", "debug")
 FALLBACK_POLICIES = ("warn", "raise")
 OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
+EXECUTORS = ("ort", "auto")
 
 # Environment variables, named as in the seed accelerator.
 ENV_RUN_TYPE = "LORT_RUN_TYPE"
@@ -57,6 +58,11 @@ class Options:
     #: ORT intra-op threads. None chooses per group between torch.get_num_threads() and
     #: 1 by timing both at compile time (small groups run faster on one thread).
     intra_op_num_threads: int | None = None
+    #: Where groups run. "ort": every group in ORT. "auto": each group is timed at
+    #: compile time in ORT and in PyTorch on inputs of its real shapes, and runs in
+    #: PyTorch when that is more than 10% faster (explain reports the times). Debug
+    #: mode always runs ORT.
+    executor: str = "ort"
     #: Apply onnxscript's ORT fusion rewrites (GELU, skip layer norm, attention, fused
     #: matmul, ...) to each group before ORT's own optimizations.
     ort_fusions: bool = True
@@ -74,6 +80,8 @@ class Options:
             raise ValueError(f"lort option mode={self.mode!r} is not one of {RUN_MODES}")
         if self.fallback not in FALLBACK_POLICIES:
             raise ValueError(f"lort option fallback={self.fallback!r} is not one of {FALLBACK_POLICIES}")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"lort option executor={self.executor!r} is not one of {EXECUTORS}")
         if self.graph_optimization_level not in OPTIMIZATION_LEVELS:
             raise ValueError(
                 f"lort option graph_optimization_level={self.graph_optimization_level!r} "

@@ -28,6 +28,10 @@ class GroupInfo:
     thread_times: dict = dataclasses.field(default_factory=dict)
     #: onnxscript ORT fusion rewrites that fired, by name.
     fusions: dict = dataclasses.field(default_factory=dict)
+    #: Where the group runs ("ort", or "pytorch" when executor="auto" timed it faster
+    #: there) and those timings in seconds.
+    executor: str = "ort"
+    executor_times: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -48,9 +52,11 @@ class GraphRecord:
         from ..fusion.support import op_name
 
         in_group = set()
+        unsupported = dict(unsupported)
         for g in groups:
-            in_group.update(n for n in g.nodes if is_aten_node(n))
             mod = modules.get(g.name)
+            if getattr(mod, "executor", "ort") == "ort":
+                in_group.update(n for n in g.nodes if is_aten_node(n))
             self.groups.append(
                 GroupInfo(
                     g.name,
@@ -61,8 +67,19 @@ class GraphRecord:
                     threads=getattr(mod, "threads", None),
                     thread_times=dict(getattr(mod, "thread_times", {})),
                     fusions=dict(getattr(mod, "fusions", {})),
+                    executor=getattr(mod, "executor", "ort"),
+                    executor_times=dict(getattr(mod, "executor_times", {})),
                 )
             )
+            if self.groups[-1].executor == "pytorch":
+                t = self.groups[-1].executor_times
+                for n in g.nodes:
+                    if is_aten_node(n):
+                        unsupported.setdefault(
+                            n,
+                            f"its group ran faster in PyTorch ({t['pytorch'] * 1e6:.0f} us vs "
+                            f"{t['ort'] * 1e6:.0f} us in ORT; executor='auto')",
+                        )
         self.group_modules = dict(modules)
         for node in self.graph_module.graph.nodes:
             if not is_aten_node(node):
@@ -129,8 +146,9 @@ class ExplainReport:
                 times = ", ".join(f"{k}: {v * 1e6:.0f}us" for k, v in g.thread_times.items() if v is not None)
                 threads = f"{g.threads}" + (f" ({times})" if times else "")
                 fusions = ", ".join(f"{k} x{v}" for k, v in g.fusions.items()) or "-"
+                where = "" if g.executor == "ort" else "  [runs in PyTorch]"
                 lines.append(
-                    f"{g.name:<28} {g.num_nodes:>6} {g.num_inputs:>7} {g.num_outputs:>8} {threads:>8}  {fusions}"
+                    f"{g.name:<28} {g.num_nodes:>6} {g.num_inputs:>7} {g.num_outputs:>8} {threads:>8}  {fusions}{where}"
                 )
         if self.fallbacks:
             lines += ["", "left to PyTorch:", f"{'count':>6}  {'op':<40} reason"]

@@ -19,6 +19,8 @@ logger = logging.getLogger("lort")
 
 #: A group whose run takes longer than this with all threads is not timed with one.
 _PARALLEL_WORK_S = 0.02
+#: With executor="auto", PyTorch must be this much faster to take a group.
+_PYTORCH_MARGIN = 0.9
 
 
 def _synthetic_inputs(metas) -> list | None:
@@ -44,6 +46,32 @@ def _static_shape(t: torch.Tensor) -> tuple[int, ...] | None:
             return None
         dims.append(d)
     return tuple(dims)
+
+
+def _time_pytorch(gm: torch.fx.GraphModule, feeds: list) -> float | None:
+    """Median seconds of a run of ``gm`` on ``feeds`` (real tensors: compilation runs
+    under FakeTensorMode, which this leaves for the measurement)."""
+    import time
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), torch.no_grad():
+        args = [torch.from_numpy(f) for f in feeds]
+        samples = []
+        for i in range(8):
+            t0 = time.perf_counter()
+            try:
+                gm(*args)
+            except Exception:  # synthetic inputs can be invalid for the graph
+                return None
+            elapsed = time.perf_counter() - t0
+            if i >= 2:
+                samples.append(elapsed)
+            if elapsed > 0.05:
+                samples.append(elapsed)
+                break
+    samples.sort()
+    return samples[len(samples) // 2]
 
 
 def _is_symbolic(val) -> bool:
@@ -95,6 +123,9 @@ class OrtGroup(torch.nn.Module):
         self.fusions: dict[str, int] = {}
         self.threads = options.intra_op_num_threads or torch.get_num_threads()
         self.thread_times: dict[int, float | None] = {}
+        #: "ort" or "pytorch" (executor="auto" found PyTorch faster), and the timings.
+        self.executor = "ort"
+        self.executor_times: dict[str, float] = {}
         # Symbolic shapes anywhere (Dynamo's dynamic shapes): the ONNX model has symbolic
         # dims and output shapes are known only after a run.
         self._dynamic = any(
@@ -139,6 +170,26 @@ class OrtGroup(torch.nn.Module):
             logger.info("lort: wrote %s", path)
         if not self._dynamic:
             self._static_session = sess
+        if self.options.executor == "auto" and self.options.mode == "ort":
+            self._choose_executor(metas)
+
+    def _choose_executor(self, metas) -> None:
+        """Time the group in PyTorch against its ORT time; keep the faster."""
+        feeds = _synthetic_inputs(metas)
+        ort_time = min((t for t in self.thread_times.values() if t is not None), default=None)
+        if feeds is None or self.device.type != "cpu":
+            return
+        if ort_time is None:
+            ort_time = measure_session(self.model_bytes, self.device, self.options, self.threads, feeds)
+        torch_time = _time_pytorch(self.gm, feeds)
+        if ort_time is None or torch_time is None:
+            return
+        self.executor_times = {"ort": ort_time, "pytorch": torch_time}
+        if torch_time < _PYTORCH_MARGIN * ort_time:
+            self.executor = "pytorch"
+            logger.info(
+                "lort: %s runs in PyTorch: %.0f us there vs %.0f us in ORT", self.name, torch_time * 1e6, ort_time * 1e6
+            )
 
     def _choose_threads(self, metas) -> None:
         self.threads = self.options.intra_op_num_threads or torch.get_num_threads()
@@ -186,7 +237,7 @@ class OrtGroup(torch.nn.Module):
 
     def forward(self, *args):
         mode = self.options.mode
-        if mode == "pytorch":
+        if mode == "pytorch" or self.executor == "pytorch":
             outs = list(self.gm(*args))
         elif mode == "ort":
             outs = self._run_ort(args)
