@@ -7,6 +7,10 @@ from lort.testing.models import make_torchvision_importable
 
 make_torchvision_importable()
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Tests check what ORT computes: every group runs in ORT unless a test asks for
+# executor="auto" (lort's default, which may time a group faster in PyTorch and run it
+# there: correct either way, but then the test would compare PyTorch with itself).
+os.environ["LORT_EXECUTOR"] = "ort"
 
 
 @pytest.fixture(autouse=True)

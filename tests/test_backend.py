@@ -63,6 +63,13 @@ def test_unknown_provider_is_a_clear_error():
         torch.compile(f, backend="lort", options={"providers": ["TensorrtExecutionProvider"]})(*inputs())
 
 
+def test_default_executor_is_auto_and_env_sets_it(monkeypatch):
+    monkeypatch.delenv("LORT_EXECUTOR")
+    assert lort.Options().executor == "auto"
+    monkeypatch.setenv("LORT_EXECUTOR", "ort")
+    assert lort.Options().executor == "ort"
+
+
 def test_env_variables_set_mode_and_tolerances(monkeypatch):
     monkeypatch.setenv("LORT_RUN_TYPE", "debug")
     monkeypatch.setenv("LORT_RELATIVE_TOLERANCE", "0.25")

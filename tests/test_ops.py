@@ -795,7 +795,7 @@ def test_op(case: Case):
     # mode="ort" explicitly: LORT_RUN_TYPE=pytorch in the environment would otherwise
     # compare PyTorch with itself.
     # decompose_conv_backward: convolution backward runs in ORT too (off by default for speed).
-    backend = lort.LortBackend({"mode": "ort", "decompose_conv_backward": True})
+    backend = lort.LortBackend({"mode": "ort", "executor": "ort", "decompose_conv_backward": True})
     fn = _with_loss(case.fn, diff_idx)
     compiled = torch.compile(fn, backend=backend, fullgraph=True)
     runs_before = lort.stats.ort_runs

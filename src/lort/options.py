@@ -16,6 +16,7 @@ ENV_RUN_TYPE = "LORT_RUN_TYPE"
 ENV_RTOL = "LORT_RELATIVE_TOLERANCE"
 ENV_ATOL = "LORT_ABSOLUTE_TOLERANCE"
 ENV_FALLBACK = "LORT_FALLBACK_POLICY"
+ENV_EXECUTOR = "LORT_EXECUTOR"
 
 
 def _env_str(name: str, default: str) -> str:
@@ -58,11 +59,11 @@ class Options:
     #: ORT intra-op threads. None chooses per group between torch.get_num_threads() and
     #: 1 by timing both at compile time (small groups run faster on one thread).
     intra_op_num_threads: int | None = None
-    #: Where groups run. "ort": every group in ORT. "auto": each group is timed at
-    #: compile time in ORT and in PyTorch on inputs of its real shapes, and runs in
-    #: PyTorch when that is more than 10% faster (explain reports the times). Debug
-    #: mode always runs ORT.
-    executor: str = "ort"
+    #: Where groups run. "auto": each group is timed at compile time in ORT and in
+    #: PyTorch on inputs of its real shapes, and runs in PyTorch when that is more than
+    #: 10% faster (explain reports the times). "ort": every group in ORT. Debug mode
+    #: always runs ORT. Env LORT_EXECUTOR.
+    executor: str = dataclasses.field(default_factory=lambda: _env_str(ENV_EXECUTOR, "auto"))
     #: Apply onnxscript's ORT fusion rewrites (GELU, skip layer norm, attention, fused
     #: matmul, ...) to each group before ORT's own optimizations.
     ort_fusions: bool = True
