@@ -23,7 +23,7 @@ def group_to_onnx(gm: torch.fx.GraphModule, name: str) -> ir.Model:
         model = _compat.translate_graph(gm.graph, name)
     except Exception as e:
         raise TranslationError(f"could not translate group {name!r} to ONNX: {_root_cause(e)}") from e
-    _name_io(model, gm)
+    _name_io(model)
     return model
 
 
@@ -41,14 +41,17 @@ def fuse_for_ort(model: ir.Model) -> tuple[bytes | None, dict[str, int]]:
     except Exception as e:  # the rewriter is an optimization: never fatal
         logger.info("lort: ORT fusion rewrites failed on %s: %s", model.graph.name, _root_cause(e))
         return None, {}
-    names = lambda vs: [v.name for v in vs]  # noqa: E731
-    if names(fused.graph.inputs) != names(model.graph.inputs) or names(fused.graph.outputs) != names(model.graph.outputs):
+    if _io_names(fused) != _io_names(model):
         logger.info("lort: ORT fusion rewrites changed the interface of %s; not used", model.graph.name)
         return None, {}
     return serialize(fused), {k: v for k, v in counts.items() if v}
 
 
-def _name_io(model: ir.Model, gm: torch.fx.GraphModule) -> None:
+def _io_names(model: ir.Model) -> tuple[list, list]:
+    return [v.name for v in model.graph.inputs], [v.name for v in model.graph.outputs]
+
+
+def _name_io(model: ir.Model) -> None:
     """Stable input/output names: in_<i>, out_<i>."""
     for i, v in enumerate(model.graph.inputs):
         v.name = f"in_{i}"
