@@ -13,7 +13,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false
 from ..errors import MismatchError, SessionCreationError
 from ..options import Options
 from ..translate import onnx_export
-from .session import _NP_DTYPES, GroupSession, OutputSpec, measure_session
+from .session import _NP_DTYPES, GroupSession, OutputSpec, measure_session, median_run_time
 
 logger = logging.getLogger("lort")
 
@@ -51,27 +51,11 @@ def _static_shape(t: torch.Tensor) -> tuple[int, ...] | None:
 def _time_pytorch(gm: torch.fx.GraphModule, feeds: list) -> float | None:
     """Median seconds of a run of ``gm`` on ``feeds`` (real tensors: compilation runs
     under FakeTensorMode, which this leaves for the measurement)."""
-    import time
-
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily(), torch.no_grad():
         args = [torch.from_numpy(f) for f in feeds]
-        samples = []
-        for i in range(8):
-            t0 = time.perf_counter()
-            try:
-                gm(*args)
-            except Exception:  # synthetic inputs can be invalid for the graph
-                return None
-            elapsed = time.perf_counter() - t0
-            if i >= 2:
-                samples.append(elapsed)
-            if elapsed > 0.05:
-                samples.append(elapsed)
-                break
-    samples.sort()
-    return samples[len(samples) // 2]
+        return median_run_time(lambda: gm(*args))
 
 
 def _is_symbolic(val) -> bool:

@@ -178,21 +178,27 @@ def measure_session(model_bytes: bytes, device: torch.device, options: Options, 
         return None
     session = _create(model_bytes, device, options, "timing", threads, count=False)
     named = {i.name: f for i, f in zip(session.get_inputs(), feeds)}
-    samples = []
-    for i in range(8):
+    return median_run_time(lambda: session.run(None, named))
+
+
+def median_run_time(run, warmup: int = 2, samples: int = 6, long_s: float = 0.05) -> float | None:
+    """Median seconds of ``run()`` after ``warmup`` calls; a run longer than ``long_s``
+    ends the measurement early. None if ``run`` raises (synthetic inputs can be invalid
+    for a graph, e.g. an integer divisor of 0)."""
+    times = []
+    for i in range(warmup + samples):
         t0 = time.perf_counter()
         try:
-            session.run(None, named)
-        except Exception:  # synthetic inputs can be invalid (an integer divisor of 0)
+            run()
+        except Exception:
             return None
         elapsed = time.perf_counter() - t0
-        if i >= 2:
-            samples.append(elapsed)
-        if elapsed > 0.05:
-            samples.append(elapsed)
+        if i >= warmup or elapsed > long_s:
+            times.append(elapsed)
+        if elapsed > long_s:
             break
-    samples.sort()
-    return samples[len(samples) // 2]
+    times.sort()
+    return times[len(times) // 2]
 
 
 class _FastBinding:
