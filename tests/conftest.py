@@ -11,6 +11,9 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 # executor="auto" (lort's default, which may time a group faster in PyTorch and run it
 # there: correct either way, but then the test would compare PyTorch with itself).
 os.environ["LORT_EXECUTOR"] = "ort"
+# No disk cache between tests (tests that monkeypatch translation or timing would read
+# each other's entries); tests of the cache turn it on with a directory of their own.
+os.environ["LORT_DISK_CACHE"] = "0"
 
 
 @pytest.fixture(autouse=True)

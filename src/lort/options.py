@@ -17,6 +17,24 @@ ENV_RTOL = "LORT_RELATIVE_TOLERANCE"
 ENV_ATOL = "LORT_ABSOLUTE_TOLERANCE"
 ENV_FALLBACK = "LORT_FALLBACK_POLICY"
 ENV_EXECUTOR = "LORT_EXECUTOR"
+ENV_DISK_CACHE = "LORT_DISK_CACHE"
+ENV_CACHE_DIR = "LORT_CACHE_DIR"
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"environment variable {name}={raw!r} is not a boolean (use 1 or 0)")
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.environ.get(ENV_CACHE_DIR) or os.path.join(base, "lort")
 
 
 def _env_str(name: str, default: str) -> str:
@@ -73,6 +91,13 @@ class Options:
     #: Write convolution_backward as convolutions so it runs in ORT. Off by default:
     #: slower than PyTorch's kernels on CPU (see lort/capture/decompositions.py).
     decompose_conv_backward: bool = False
+    #: Keep translated groups (the ONNX model and the timed choices) on disk, so a new
+    #: process skips translation and timing. Env LORT_DISK_CACHE (0 turns it off).
+    disk_cache: bool = dataclasses.field(default_factory=lambda: _env_bool(ENV_DISK_CACHE, True))
+    #: Where the disk cache lives. Env LORT_CACHE_DIR; default $XDG_CACHE_HOME/lort or ~/.cache/lort.
+    cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
+    #: Size limit of the disk cache in MiB; least recently used entries go first.
+    cache_max_mb: int = 1024
     #: A directory to write every translated group's ONNX model to, or None.
     save_onnx: str | None = None
 
@@ -92,6 +117,8 @@ class Options:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"lort option {name}={value!r} must be a number >= 0")
+        if not isinstance(self.cache_max_mb, int) or self.cache_max_mb < 1:
+            raise ValueError(f"lort option cache_max_mb={self.cache_max_mb!r} must be an int >= 1")
         if not isinstance(self.max_group_args, int) or self.max_group_args < 2:
             raise ValueError(f"lort option max_group_args={self.max_group_args!r} must be an int >= 2")
         if self.intra_op_num_threads is not None and (

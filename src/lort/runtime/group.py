@@ -13,6 +13,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false
 from ..errors import MismatchError, SessionCreationError
 from ..options import Options
 from ..translate import onnx_export
+from . import disk_cache
 from .session import _NP_DTYPES, GroupSession, OutputSpec, measure_session, median_run_time
 
 logger = logging.getLogger("lort")
@@ -110,6 +111,7 @@ class OrtGroup(torch.nn.Module):
         #: "ort" or "pytorch" (executor="auto" found PyTorch faster), and the timings.
         self.executor = "ort"
         self.executor_times: dict[str, float] = {}
+        self.from_cache = False
         # Symbolic shapes anywhere (Dynamo's dynamic shapes): the ONNX model has symbolic
         # dims and output shapes are known only after a run.
         self._dynamic = any(
@@ -125,7 +127,16 @@ class OrtGroup(torch.nn.Module):
         ``intra_op_num_threads=None`` the thread count is chosen by timing the session
         with one thread and with torch's thread count on inputs of the real shapes.
 
+        With the disk cache on, a group translated before (same graph, spec, versions
+        and options) reuses the stored model and choices.
+
         Raises TranslationError or SessionCreationError."""
+        metas = [n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder"]
+        cache = disk_cache.for_options(self.options)
+        cache_key = disk_cache.graph_key(self.gm, self.options) if cache else None
+        if cache and self._prepare_from_cache(cache, cache_key, metas):
+            self._save_onnx()
+            return
         model = onnx_export.group_to_onnx(self.gm, self.name)
         plain = onnx_export.serialize(model)
         candidates = [plain]
@@ -133,7 +144,6 @@ class OrtGroup(torch.nn.Module):
             fused, self.fusions = onnx_export.fuse_for_ort(model)
             if fused is not None:
                 candidates.insert(0, fused)
-        metas = [n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder"]
         key = self._spec(metas)
         for i, model_bytes in enumerate(candidates):
             try:
@@ -146,16 +156,53 @@ class OrtGroup(torch.nn.Module):
                     raise
                 logger.info("lort: %s: ORT refused the fused model (%s); using the plain one", self.name, e)
                 self.fusions = {}
+        self._save_onnx()
+        if not self._dynamic:
+            self._static_session = sess
+        if self.options.executor == "auto" and self.options.mode == "ort":
+            self._choose_executor(metas)
+        if cache:
+            cache.store(cache_key, self.model_bytes, self._choices())
+
+    def _save_onnx(self) -> None:
         if self.options.save_onnx:
             os.makedirs(self.options.save_onnx, exist_ok=True)
             path = os.path.join(self.options.save_onnx, f"{self.name}.onnx")
             with open(path, "wb") as f:
                 f.write(self.model_bytes)
             logger.info("lort: wrote %s", path)
+
+    def _choices(self) -> dict:
+        return {
+            "threads": self.threads,
+            "thread_times": {str(k): v for k, v in self.thread_times.items()},
+            "fusions": self.fusions,
+            "executor": self.executor,
+            "executor_times": self.executor_times,
+        }
+
+    def _prepare_from_cache(self, cache, cache_key: str, metas) -> bool:
+        hit = cache.load(cache_key)
+        if hit is None:
+            return False
+        model_bytes, meta = hit
+        try:
+            self.model_bytes = model_bytes
+            self.threads = int(meta["threads"])
+            self.thread_times = {int(k): v for k, v in meta["thread_times"].items()}
+            self.fusions = dict(meta["fusions"])
+            self.executor = meta["executor"]
+            self.executor_times = dict(meta["executor_times"])
+            sess = self._session(self._spec(metas))
+        except (KeyError, TypeError, ValueError, SessionCreationError) as e:
+            logger.info("lort: %s: disk cache entry unusable (%s); translating", self.name, e)
+            self.sessions.clear()
+            return False
         if not self._dynamic:
             self._static_session = sess
-        if self.options.executor == "auto" and self.options.mode == "ort":
-            self._choose_executor(metas)
+        self.from_cache = True
+        logger.debug("lort: %s: loaded from the disk cache", self.name)
+        return True
 
     def _choose_executor(self, metas) -> None:
         """Time the group in PyTorch against its ORT time; keep the faster."""

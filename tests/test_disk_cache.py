@@ -1,0 +1,101 @@
+"""The disk cache of translated groups."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import lort
+from lort.backend import LortBackend
+from lort.runtime.disk_cache import DiskCache
+from lort.testing.models import MLP
+from lort.translate import onnx_export
+
+
+def run(cache_dir, **options):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = MLP()
+    x = torch.randn(4, 64, requires_grad=True)
+    backend = LortBackend({"disk_cache": True, "cache_dir": str(cache_dir), **options})
+    out = torch.compile(m, backend=backend)(x)
+    out.pow(2).sum().backward()
+    return backend, out.detach(), x.grad
+
+
+def group_modules(backend):
+    return [mod for r in backend.records for mod in r.group_modules.values()]
+
+
+def test_second_compile_reads_the_cache_and_skips_translation(tmp_path, monkeypatch):
+    cold, out_cold, grad_cold = run(tmp_path)
+    assert not any(m.from_cache for m in group_modules(cold))
+    entries = sorted(os.listdir(tmp_path))
+    assert len([e for e in entries if e.endswith(".onnx")]) == len(group_modules(cold)) == 2
+    assert len([e for e in entries if e.endswith(".json")]) == 2
+
+    def no_translation(*a, **k):
+        raise AssertionError("translated although the disk cache holds this group")
+
+    monkeypatch.setattr(onnx_export, "group_to_onnx", no_translation)
+    warm, out_warm, grad_warm = run(tmp_path)
+    mods = group_modules(warm)
+    assert mods and all(m.from_cache for m in mods)
+    torch.testing.assert_close(out_warm, out_cold, rtol=0, atol=0)
+    torch.testing.assert_close(grad_warm, grad_cold, rtol=0, atol=0)
+    # The timed choices come back with the model.
+    assert [m.threads for m in mods] == [m.threads for m in group_modules(cold)]
+    assert [g.fusions for r in warm.records for g in r.groups] == [g.fusions for r in cold.records for g in r.groups]
+
+
+def test_options_that_change_the_model_miss_the_cache(tmp_path):
+    run(tmp_path)
+    other, _, _ = run(tmp_path, ort_fusions=False)
+    assert not any(m.from_cache for m in group_modules(other))
+
+
+def test_damaged_entry_is_translated_again(tmp_path):
+    run(tmp_path)
+    for name in os.listdir(tmp_path):
+        if name.endswith(".onnx"):
+            with open(tmp_path / name, "wb") as f:
+                f.write(b"truncated")
+    again, out, _ = run(tmp_path)
+    assert not any(m.from_cache for m in group_modules(again))
+    torch.manual_seed(0)
+    m = MLP()
+    torch.testing.assert_close(out, m(torch.randn(4, 64)).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_cache_off_writes_nothing(tmp_path):
+    run(tmp_path, disk_cache=False)
+    assert not tmp_path.exists() or os.listdir(tmp_path) == []
+
+
+def test_least_recently_used_entries_go_over_the_size_limit(tmp_path):
+    cache = DiskCache(str(tmp_path), max_bytes=3000)
+    for i in range(5):
+        cache.store(f"k{i}", bytes(1000), {"threads": 1})
+        os.utime(tmp_path / f"k{i}.onnx", (i, i))
+        os.utime(tmp_path / f"k{i}.json", (i, i))
+    cache.store("k5", bytes(1000), {"threads": 1})
+    total = sum(os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path))
+    assert total <= 3000
+    assert cache.load("k5") is not None
+    assert cache.load("k0") is None
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
+    meta = json.loads((tmp_path / "k5.json").read_text())
+    assert meta["size"] == 1000
+
+
+def test_env_turns_the_cache_off_and_moves_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("LORT_DISK_CACHE", "0")
+    assert lort.Options().disk_cache is False
+    monkeypatch.setenv("LORT_DISK_CACHE", "1")
+    monkeypatch.setenv("LORT_CACHE_DIR", str(tmp_path / "here"))
+    opts = lort.Options()
+    assert opts.disk_cache is True and opts.cache_dir == str(tmp_path / "here")
+    monkeypatch.setenv("LORT_DISK_CACHE", "maybe")
+    with pytest.raises(ValueError, match="LORT_DISK_CACHE"):
+        lort.Options()
