@@ -107,7 +107,9 @@ class LortBackend:
     def _find_failing_nodes(self, grp: fuser.FusionGroup) -> dict[torch.fx.Node, str]:
         bad = {}
         # A probe only needs to know whether the node translates and ORT accepts it.
-        probe_options = dataclasses.replace(self.options, ort_fusions=False, intra_op_num_threads=1, save_onnx=None)
+        probe_options = dataclasses.replace(
+            self.options, ort_fusions=False, intra_op_num_threads=1, save_onnx=None, disk_cache=False
+        )
         for n in grp.nodes:
             if n.target is operator.getitem:
                 continue

@@ -55,6 +55,7 @@ def graph_key(gm: torch.fx.GraphModule, options: Options) -> str:
                 options.graph_optimization_level,
                 options.intra_op_num_threads,
                 options.executor,
+                options.mode == "ort",  # the executor is timed in ort mode only
                 options.providers,
                 torch.get_num_threads(),
             )
