@@ -157,7 +157,3 @@ class Options:
                 f"unknown lort option(s) {unknown}; valid options are: {', '.join(cls.valid_keys())}"
             )
         return cls(**merged)
-
-    def session_key(self) -> tuple:
-        """The options that change an ORT session (part of the session cache key)."""
-        return (self.providers, self.graph_optimization_level, self.intra_op_num_threads, self.ort_fusions)
