@@ -370,3 +370,26 @@ def test_executor_auto_runs_each_group_where_it_timed_faster(monkeypatch, pytorc
 def test_bad_executor_is_a_clear_error():
     with pytest.raises(ValueError, match="executor='gpu'"):
         lort.Options.resolve({"executor": "gpu"})
+
+
+def test_ten_sequence_lengths_compile_at_most_two_graphs():
+    from lort.testing.models import bert
+
+    model, _ = bert(batch=2, seq=8)
+    model.eval()
+    backend = LortBackend()
+    cm = torch.compile(model, backend=backend)
+    before = lort.stats.sessions_created
+    with torch.no_grad():
+        for length in range(8, 48, 4):
+            ids = torch.randint(0, 1000, (2, length))
+            mask = torch.ones(2, length, dtype=torch.int64)
+            out = cm(ids, mask).last_hidden_state
+            ref = model(ids, mask).last_hidden_state
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    # Dynamo compiles the first shape statically, then one dynamic graph serves the rest,
+    # whose ORT sessions have symbolic dims.
+    assert len(backend.records) <= 2
+    assert lort.stats.sessions_created - before <= 2
+    for r in backend.records:
+        assert r.ort_nodes / (r.ort_nodes + r.torch_nodes) > 0.95, r.fallbacks
