@@ -14,6 +14,7 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
 * ``_transformer_encoder_layer_fwd``, nn.TransformerEncoderLayer's inference fast path
   (no torch_lib translation), is written as the attention, feed-forward and layer
   norms it computes; with an attention mask it stays whole (runs in PyTorch).
+* integer ``div(..., rounding_mode="floor")`` becomes ``floor_divide``.
 """
 
 from __future__ import annotations
@@ -108,6 +109,18 @@ def transformer_encoder_layer_fwd(
     return norm(x + feed_forward(x), norm_weight_2, norm_bias_2)
 
 
+def div_floor_integer(a, b, *, rounding_mode=None):
+    """Integer ``div(a, b, rounding_mode="floor")`` as ``floor_divide``, whose torch_lib
+    translation is exact (div with rounding_mode divides in float32 and stays in
+    PyTorch, splitting graphs that do index arithmetic)."""
+    b_float = b.dtype.is_floating_point if isinstance(b, torch.Tensor) else isinstance(b, float)
+    if rounding_mode != "floor" or a.dtype.is_floating_point or b_float:
+        return NotImplemented
+    if not isinstance(b, torch.Tensor):
+        b = aten.scalar_tensor.default(b, dtype=a.dtype, device=a.device)
+    return aten.floor_divide.default(a, b)
+
+
 @functools.lru_cache(maxsize=2)
 def table(decompose_conv_backward: bool = False) -> dict:
     decomps = dict(_compat.decomposition_table())
@@ -120,4 +133,6 @@ def table(decompose_conv_backward: bool = False) -> dict:
     if decompose_conv_backward:
         decomps[aten.convolution_backward.default] = convolution_backward
     decomps[aten._transformer_encoder_layer_fwd.default] = transformer_encoder_layer_fwd
+    decomps[aten.div.Tensor_mode] = div_floor_integer
+    decomps[aten.div.Scalar_mode] = div_floor_integer
     return decomps
