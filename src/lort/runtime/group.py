@@ -161,6 +161,7 @@ class OrtGroup(torch.nn.Module):
             self._static_session = sess
         if self.options.executor == "auto" and self.options.mode == "ort":
             self._choose_executor(metas)
+        self.__dict__.pop("_feeds", None)  # timing inputs are not kept alive
         if cache:
             cache.store(cache_key, self.model_bytes, self._choices())
 
@@ -204,9 +205,15 @@ class OrtGroup(torch.nn.Module):
         logger.debug("lort: %s: loaded from the disk cache", self.name)
         return True
 
+    def _timing_feeds(self, metas) -> list | None:
+        """Synthetic inputs for the timing runs, built once per group."""
+        if not hasattr(self, "_feeds"):
+            self._feeds = _synthetic_inputs(metas)
+        return self._feeds
+
     def _choose_executor(self, metas) -> None:
         """Time the group in PyTorch against its ORT time; keep the faster."""
-        feeds = _synthetic_inputs(metas)
+        feeds = self._timing_feeds(metas)
         ort_time = min((t for t in self.thread_times.values() if t is not None), default=None)
         if feeds is None or self.device.type != "cpu":
             return
@@ -226,7 +233,7 @@ class OrtGroup(torch.nn.Module):
         self.threads = self.options.intra_op_num_threads or torch.get_num_threads()
         if self.options.intra_op_num_threads is not None or self.threads == 1 or self._dynamic:
             return
-        feeds = _synthetic_inputs(metas)
+        feeds = self._timing_feeds(metas)
         if feeds is None:
             return
         times = {}
