@@ -15,6 +15,7 @@ from .backend import LortBackend, lort_backend
 from .diagnostics.explain import explain
 from .diagnostics.report import ExplainReport
 from .errors import (
+    CaptureError,
     LortError,
     MismatchError,
     SessionCreationError,
@@ -22,12 +23,17 @@ from .errors import (
     UnsupportedInputError,
     UnsupportedVersionError,
 )
+from .module import DebugOptions, LogLevel, ORTModule
 from .options import Options
 from .runtime import stats
 
 logging.getLogger("lort").addHandler(logging.NullHandler())
 
 __all__ = [
+    "CaptureError",
+    "DebugOptions",
+    "LogLevel",
+    "ORTModule",
     "ExplainReport",
     "LortBackend",
     "LortError",

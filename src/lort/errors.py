@@ -37,3 +37,7 @@ class MismatchError(LortError, AssertionError):
             f"(rtol={rtol:g}, atol={atol:g}). Run with mode='pytorch' to bisect, or "
             f"raise the tolerances with LORT_RELATIVE_TOLERANCE / LORT_ABSOLUTE_TOLERANCE."
         )
+
+
+class CaptureError(LortError):
+    """lort.ORTModule could not capture or compile a module (fallback policy 'raise')."""

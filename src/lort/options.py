@@ -100,6 +100,9 @@ class Options:
     cache_max_mb: int = 1024
     #: A directory to write every translated group's ONNX model to, or None.
     save_onnx: str | None = None
+    #: lort.ORTModule: how many input schemas (structure, dtypes, constants, train/eval,
+    #: ...) keep their compiled graphs; the least recently used is dropped first.
+    schema_cache_size: int = 8
 
     def __post_init__(self) -> None:
         if self.mode not in RUN_MODES:
@@ -119,6 +122,9 @@ class Options:
                 raise ValueError(f"lort option {name}={value!r} must be a number >= 0")
         if not isinstance(self.cache_max_mb, int) or self.cache_max_mb < 1:
             raise ValueError(f"lort option cache_max_mb={self.cache_max_mb!r} must be an int >= 1")
+        if not isinstance(self.schema_cache_size, int) or isinstance(self.schema_cache_size, bool) \
+                or self.schema_cache_size < 1:
+            raise ValueError(f"lort option schema_cache_size={self.schema_cache_size!r} must be an int >= 1")
         if not isinstance(self.max_group_args, int) or self.max_group_args < 2:
             raise ValueError(f"lort option max_group_args={self.max_group_args!r} must be an int >= 2")
         if self.intra_op_num_threads is not None and (

@@ -1,0 +1,270 @@
+"""``lort.ORTModule``: a drop-in for ``onnxruntime.training.ortmodule.ORTModule``.
+
+    from lort import ORTModule, DebugOptions, LogLevel
+    model = ORTModule(model, DebugOptions(log_level=LogLevel.INFO, save_onnx=True, onnx_prefix="bert"))
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward(); optimizer.step()
+
+The wrapper behaves as the wrapped module: attributes and methods reach it, parameters,
+buffers and state dicts carry the module's own names, ``train()``/``eval()`` and ``to()``
+act on it. Calls go through the transition manager (``lort/module/transition.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from ..options import Options
+from .transition import TransitionManager
+
+logger = logging.getLogger("lort.module")
+
+
+class LogLevel(enum.IntEnum):
+    """ORTModule's log levels (same names and values as onnxruntime's)."""
+
+    VERBOSE = 0
+    INFO = 1
+    WARNING = 2
+    ERROR = 3
+    FATAL = 4
+
+    @property
+    def logging_level(self) -> int:
+        return {0: logging.DEBUG, 1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR, 4: logging.CRITICAL}[
+            int(self)
+        ]
+
+
+class DebugOptions:
+    """ORTModule's debug options.
+
+    log_level: a ``LogLevel``; sets the level of the ``lort.module`` logger (re-capture
+    reasons are logged at INFO).
+    save_onnx: write every compiled group's ONNX model (forward, backward or inference)
+    to ``save_path`` (default: the current directory), named
+    ``{onnx_prefix}_{train|eval}_s{schema}_g{n}_{forward|backward|inference}_{group}.onnx``,
+    with ``{onnx_prefix}_{train|eval}_s{schema}_schema.txt`` describing the inputs.
+    onnx_prefix: the file name prefix; required with ``save_onnx``.
+    save_path: the directory (env ``ORTMODULE_SAVE_ONNX_PATH`` as in onnxruntime).
+    """
+
+    _FIELDS = ("log_level", "save_onnx", "onnx_prefix", "save_path")
+
+    def __init__(self, log_level: LogLevel = LogLevel.WARNING, save_onnx: bool = False, onnx_prefix: str = "",
+                 save_path: str = "", **unknown: Any):
+        if unknown:
+            raise TypeError(
+                f"DebugOptions got unknown field(s) {sorted(unknown)}; valid fields are: {', '.join(self._FIELDS)}"
+            )
+        if not isinstance(log_level, LogLevel):
+            raise TypeError(
+                f"DebugOptions log_level must be a lort.LogLevel (VERBOSE, INFO, WARNING, ERROR, FATAL), "
+                f"not {type(log_level).__name__} {log_level!r}"
+            )
+        if not isinstance(save_onnx, bool):
+            raise TypeError(f"DebugOptions save_onnx must be a bool, not {type(save_onnx).__name__}")
+        if not isinstance(onnx_prefix, str) or not isinstance(save_path, str):
+            raise TypeError("DebugOptions onnx_prefix and save_path must be strings")
+        if save_onnx and not onnx_prefix:
+            raise ValueError("DebugOptions: onnx_prefix must be given when save_onnx=True")
+        self.log_level = log_level
+        self.save_onnx = save_onnx
+        self.onnx_prefix = onnx_prefix
+        self.save_path = save_path or os.environ.get("ORTMODULE_SAVE_ONNX_PATH", "") or os.getcwd()
+
+    def __repr__(self) -> str:
+        return (f"DebugOptions(log_level=LogLevel.{self.log_level.name}, save_onnx={self.save_onnx}, "
+                f"onnx_prefix={self.onnx_prefix!r}, save_path={self.save_path!r})")
+
+
+def _configure_logging(level: LogLevel) -> None:
+    mod_logger = logging.getLogger("lort.module")
+    mod_logger.setLevel(level.logging_level)
+    # The "lort" logger has only a NullHandler: with no logging configured anywhere,
+    # give lort.module a stream handler so the chosen level is seen (as ORTModule did).
+    if not logging.getLogger().handlers and not mod_logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        mod_logger.addHandler(handler)
+
+
+# Names set on the wrapper itself; every other attribute assignment goes to the module.
+_OWN = ("_lort_module", "_lort_manager", "_lort_debug", "_lort_options")
+
+
+class ORTModule(torch.nn.Module):
+    """Runs ``module`` through ONNX Runtime (forward and backward) with lort.
+
+    ``ORTModule(module, debug_options=None, *, options=None)``: ``options`` are
+    ``lort.Options`` (or a dict) for the compiled graphs; ``options.fallback`` (env
+    ``LORT_FALLBACK_POLICY``) says what happens when the module cannot be captured or
+    compiled: ``"warn"`` runs it in PyTorch with one warning, ``"raise"`` raises
+    ``lort.CaptureError``. ``options.schema_cache_size`` bounds the cached schemas.
+    """
+
+    def __init__(self, module: torch.nn.Module, debug_options: DebugOptions | None = None, *,
+                 options: Options | Mapping[str, Any] | None = None):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"ORTModule wraps a torch.nn.Module, not {type(module).__name__}")
+        if isinstance(module, ORTModule):
+            raise TypeError("ORTModule: the module is already an ORTModule")
+        if debug_options is None:
+            explicit = False
+            debug_options = DebugOptions()
+        elif not isinstance(debug_options, DebugOptions):
+            raise TypeError(f"ORTModule debug_options must be a lort.DebugOptions, not {type(debug_options).__name__}")
+        else:
+            explicit = True
+        super().__init__()
+        opts = Options.resolve(options)
+        object.__setattr__(self, "_lort_module", module)
+        object.__setattr__(self, "_lort_debug", debug_options)
+        object.__setattr__(self, "_lort_options", opts)
+        object.__setattr__(self, "training", module.training)
+        if explicit:
+            _configure_logging(debug_options.log_level)
+        self._lort_build_manager()
+
+    def _lort_build_manager(self) -> None:
+        dbg = self._lort_debug
+        save = (dbg.save_path, dbg.onnx_prefix) if dbg.save_onnx else None
+        manager = TransitionManager(self._lort_module, self._lort_options, type(self._lort_module).__name__, save)
+        object.__setattr__(self, "_lort_manager", manager)
+
+    # -- calls -------------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._lort_manager(args, kwargs)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The wrapped module (its parameters are the ones trained)."""
+        return self._lort_module
+
+    @property
+    def transition_manager(self) -> TransitionManager:
+        """The transition manager: ``captures`` (entry and reason of each capture),
+        ``entries`` (cached schemas), ``records`` (every compiled graph)."""
+        return self._lort_manager
+
+    # -- attributes reach the module ---------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        d = self.__dict__
+        if "_lort_module" in d:
+            return getattr(d["_lort_module"], name)
+        return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OWN or "_lort_module" not in self.__dict__:
+            object.__setattr__(self, name, value)
+        elif name == "training":
+            setattr(self._lort_module, name, value)
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._lort_module, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in _OWN:
+            object.__delattr__(self, name)
+        else:
+            delattr(self._lort_module, name)
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(dir(self._lort_module)))
+
+    def __repr__(self) -> str:
+        return f"ORTModule({self._lort_module!r})"
+
+    # -- parameters, buffers, submodules: the module's own names -----------------------
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]:
+        return self._lort_module.parameters(recurse)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return self._lort_module.named_parameters(prefix, recurse, remove_duplicate)
+
+    def buffers(self, recurse: bool = True) -> Iterator[torch.Tensor]:
+        return self._lort_module.buffers(recurse)
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return self._lort_module.named_buffers(prefix, recurse, remove_duplicate)
+
+    def children(self):
+        return self._lort_module.children()
+
+    def named_children(self):
+        return self._lort_module.named_children()
+
+    def modules(self):
+        return self._lort_module.modules()
+
+    def named_modules(self, memo=None, prefix: str = "", remove_duplicate: bool = True):
+        return self._lort_module.named_modules(memo, prefix, remove_duplicate)
+
+    def get_submodule(self, target: str) -> torch.nn.Module:
+        return self._lort_module.get_submodule(target)
+
+    def get_parameter(self, target: str) -> torch.nn.Parameter:
+        return self._lort_module.get_parameter(target)
+
+    def get_buffer(self, target: str) -> torch.Tensor:
+        return self._lort_module.get_buffer(target)
+
+    def state_dict(self, *args: Any, **kwargs: Any):
+        return self._lort_module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
+        result = self._lort_module.load_state_dict(state_dict, strict=strict, assign=assign)
+        if assign:
+            self._lort_manager.invalidate("load_state_dict(assign=True) replaced the parameters")
+        return result
+
+    def add_module(self, name: str, module: torch.nn.Module | None) -> None:
+        self._lort_module.add_module(name, module)
+
+    register_module = add_module
+
+    def register_parameter(self, name: str, param: torch.nn.Parameter | None) -> None:
+        self._lort_module.register_parameter(name, param)
+
+    def register_buffer(self, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
+        self._lort_module.register_buffer(name, tensor, persistent)
+
+    # -- modes, conversion -----------------------------------------------------------
+    def train(self, mode: bool = True) -> "ORTModule":
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")
+        self._lort_module.train(mode)
+        object.__setattr__(self, "training", mode)
+        return self
+
+    def requires_grad_(self, requires_grad: bool = True) -> "ORTModule":
+        self._lort_module.requires_grad_(requires_grad)
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._lort_module.zero_grad(set_to_none)
+
+    def _apply(self, fn, recurse: bool = True):
+        # to(), cpu(), cuda(), float(), double(), half(), ... end here.
+        self._lort_module._apply(fn, recurse)
+        self._lort_manager.invalidate("module converted (to(), cpu(), double(), ...)")
+        return self
+
+    def apply(self, fn) -> "ORTModule":
+        self._lort_module.apply(fn)
+        return self
+
+    # -- pickling: the module and options travel; compiled graphs are rebuilt ------------
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_lort_manager", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lort_build_manager()

@@ -1,0 +1,419 @@
+"""ORTModule's graph transition manager (seed 002): for each call, flatten the inputs
+into a schema, decide whether a compiled entry can be reused or the module must be
+captured again (and say why), run, and rebuild the outputs.
+
+A schema key is what a graph depends on besides shapes:
+
+- the input structure and every non-tensor input (``io.flatten_call``'s spec),
+- each input tensor's dtype, rank, device and ``requires_grad``,
+- grad mode,
+- the module's state: ``training`` of every submodule, every plain attribute (bool, int,
+  float, str, None), which parameters, buffers and submodules are registered, and the
+  number of hooks.
+
+Each key owns an entry: a function over the flat list of input tensors (unflatten with
+the schema's constants, call the module, flatten the outputs) compiled with
+``torch.compile(fullgraph=True)`` and a ``LortBackend`` of its own, on a code object of
+its own, so Dynamo's cache of one entry never serves or evicts another. Shapes are not in
+the key: they follow the core's dynamic-shape rules (the first shape change re-captures
+the entry with dynamic dims). Any re-capture Dynamo makes inside an entry (a shape
+change, or a guard on something outside the key, like ``model.config``) is counted and
+logged with its reason too. Entries live in a bounded LRU cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import inspect
+import logging
+import os
+import types
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from ..backend import LortBackend
+from ..errors import CaptureError, LortError
+from ..options import Options
+from . import io
+
+logger = logging.getLogger("lort.module")
+
+_PLAIN = frozenset((bool, int, float, str, type(None)))
+
+
+# -- the module's state ----------------------------------------------------------------
+def _module_state(modules: list[torch.nn.Module]) -> tuple:
+    """A cheap fingerprint of what in a module tree can change its graph (besides the
+    inputs). Compared with ``==`` on every call; tensors enter by identity only."""
+    plain = _PLAIN
+    return tuple([
+        (
+            tuple([(k, v) for k, v in d.items() if type(v) in plain]),
+            tuple(map(id, d["_parameters"].values())),
+            tuple(map(id, d["_buffers"].values())),
+            tuple(map(id, d["_modules"].values())),
+            len(d["_forward_hooks"]) + len(d["_forward_pre_hooks"]) + len(d["_backward_hooks"])
+            + len(d.get("_backward_pre_hooks", ())),
+        )
+        for d in [m.__dict__ for m in modules]
+    ])
+
+
+def _state_diff(old_names: list[str], old: tuple, new_names: list[str], new: tuple) -> list[str]:
+    """Phrases saying how two module states differ."""
+    if old_names != new_names:
+        added = [n for n in new_names if n not in old_names]
+        removed = [n for n in old_names if n not in new_names]
+        parts = []
+        if added:
+            parts.append(f"submodule(s) {added} added")
+        if removed:
+            parts.append(f"submodule(s) {removed} removed")
+        return parts or ["submodules replaced"]
+    out = []
+    root_switched = old[0][0] and dict(old[0][0]).get("training") != dict(new[0][0]).get("training")
+    if root_switched:
+        out.append(f"module switched to {'train' if dict(new[0][0]).get('training') else 'eval'} mode")
+    for name, a, b in zip(new_names, old, new):
+        if a == b:
+            continue
+        label = f"'{name}'" if name else "the module"
+        attrs_a, attrs_b = dict(a[0]), dict(b[0])
+        for k in sorted(attrs_a.keys() | attrs_b.keys()):
+            va, vb = attrs_a.get(k, _MISSING), attrs_b.get(k, _MISSING)
+            if va is vb or va == vb:
+                continue
+            if k == "training":
+                if not root_switched:
+                    out.append(f"submodule {label} switched to {'train' if vb else 'eval'} mode")
+                continue
+            attr = f"{name}.{k}" if name else k
+            if va is _MISSING:
+                out.append(f"module attribute '{attr}' set to {vb!r}")
+            elif vb is _MISSING:
+                out.append(f"module attribute '{attr}' removed (or no longer a constant)")
+            else:
+                out.append(f"module attribute '{attr}' changed {va!r} -> {vb!r}")
+        if a[1] != b[1]:
+            out.append(f"parameters of {label} replaced")
+        if a[2] != b[2]:
+            out.append(f"buffers of {label} replaced")
+        if a[3] != b[3]:
+            out.append(f"submodules of {label} replaced")
+        if a[4] != b[4]:
+            out.append(f"hooks of {label} changed")
+    return out or ["module state changed"]
+
+
+_MISSING = object()
+
+
+# -- schema keys and entries -----------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class SchemaKey:
+    """Everything a compiled graph depends on except input shapes."""
+
+    spec: tuple
+    tensors: tuple  # (dtype, rank, device, requires_grad) per input tensor
+    grad_enabled: bool
+    state: int  # the module state's token (equal states share a token)
+
+
+@dataclasses.dataclass
+class Capture:
+    """One capture: which entry, and why."""
+
+    entry: int
+    reason: str
+
+
+class Entry:
+    """A schema's compiled function, its backend (graph records) and its fallback state."""
+
+    def __init__(self, index: int, key: SchemaKey, fn: Callable, backend: LortBackend | None):
+        self.index = index
+        self.key = key
+        self.fn = fn
+        self.backend = backend
+        self.calls = 0
+        self.eager = False  # capture failed: runs the module in PyTorch
+        self.last_shapes: list | None = None
+        self.code: types.CodeType | None = None  # the code object Dynamo caches this entry on
+
+    @property
+    def records(self) -> list:
+        return list(self.backend.records) if self.backend is not None else []
+
+    def graph_count(self) -> int:
+        if self.backend is None:
+            return 0
+        return sum(1 for r in self.backend.records if r.kind != "backward")
+
+
+class _ModuleBackend(LortBackend):
+    """LortBackend that writes each group's ONNX model under the user's prefix, named by
+    train/eval, schema entry and graph kind (``bert_train_s1_g1_forward_0.onnx``)."""
+
+    def __init__(self, options: Options, save: tuple[str, str] | None):
+        super().__init__(options)
+        self._save = save
+
+    def compile_graph(self, gm, example_inputs, kind):
+        fn = super().compile_graph(gm, example_inputs, kind)
+        if self._save is not None:
+            directory, stem = self._save
+            os.makedirs(directory, exist_ok=True)
+            for name, mod in self.records[-1].group_modules.items():
+                data = getattr(mod, "model_bytes", None)
+                if data is None:
+                    continue
+                path = os.path.join(directory, f"{stem}_{name}.onnx")
+                with open(path, "wb") as f:
+                    f.write(data)
+                logger.info("lort.ORTModule: wrote %s", path)
+        return fn
+
+
+def _make_flat_fn(module: torch.nn.Module, spec: tuple, tag: str) -> Callable:
+    """``fn(*tensors) -> (output tensors, output spec)`` for one schema, on a fresh code
+    object named ``tag`` (Dynamo caches and counts recompiles per code object)."""
+
+    def call(*flat):
+        args, kwargs = io.unflatten(spec, flat)
+        out = module(*args, **kwargs)
+        tensors, out_spec = io.flatten(out)
+        return tuple(tensors), out_spec
+
+    code = call.__code__.replace(co_name=tag, co_qualname=tag) if hasattr(call.__code__, "co_qualname") \
+        else call.__code__.replace(co_name=tag)
+    return types.FunctionType(code, call.__globals__, tag, None, call.__closure__)
+
+
+def _forward_arg_names(module: torch.nn.Module) -> list[str]:
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _is_capture_failure(e: BaseException) -> bool:
+    return isinstance(e, (LortError, torch._dynamo.exc.TorchDynamoException))
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    first = next((line for line in text if line.strip()), type(e).__name__)
+    return f"{type(e).__name__}: {first}"
+
+
+class TransitionManager:
+    """Owns ORTModule's state machine: schema -> cached entry, reuse or re-capture with
+    a reason, fallback, output restoration. ``captures`` lists every capture."""
+
+    def __init__(self, module: torch.nn.Module, options: Options, name: str = "",
+                 save_onnx: tuple[str, str] | None = None):
+        self.module = module
+        self.options = options
+        self.name = name or type(module).__name__
+        self._save_onnx = save_onnx
+        self._arg_names = _forward_arg_names(module)
+        self.entries: collections.OrderedDict[SchemaKey, Entry] = collections.OrderedDict()
+        self.captures: list[Capture] = []
+        self._next_index = 0
+        self._last_key: SchemaKey | None = None
+        # Module state: the modules walked, the last state seen and its token.
+        self._modules: list[torch.nn.Module] = []
+        self._module_names: list[str] = []
+        self._state: tuple | None = None
+        self._state_token = 0
+        self._tokens: dict[tuple, int] = {}
+        self._token_info: dict[int, tuple[list[str], tuple]] = {}
+        self._refresh_modules()
+
+    # -- bookkeeping ---------------------------------------------------------------
+    @property
+    def records(self) -> list:
+        """Every graph lort compiled for this module (GraphRecords, all entries)."""
+        return [r for e in self.entries.values() for r in e.records]
+
+    @property
+    def capture_count(self) -> int:
+        return len(self.captures)
+
+    def invalidate(self, reason: str) -> None:
+        """Forget every entry (e.g. the module was converted by ``to()``): the next call
+        captures again, logging ``reason``."""
+        self.entries.clear()
+        self._last_key = None
+        self._pending_reason = reason
+        self._refresh_modules()
+
+    _pending_reason: str | None = None
+
+    def _refresh_modules(self) -> None:
+        named = list(self.module.named_modules(remove_duplicate=False))
+        self._module_names = [n for n, _ in named]
+        self._modules = [m for _, m in named]
+
+    def _state_key(self) -> int:
+        state = _module_state(self._modules)
+        if state == self._state:
+            return self._state_token
+        # Submodules may have been added or replaced: walk the tree again.
+        self._refresh_modules()
+        state = _module_state(self._modules)
+        token = self._tokens.get(state)
+        if token is None:
+            token = len(self._tokens) + 1
+            self._tokens[state] = token
+            self._token_info[token] = (list(self._module_names), state)
+        self._state, self._state_token = state, token
+        return token
+
+    # -- a call ----------------------------------------------------------------------
+    def __call__(self, args: tuple, kwargs: dict) -> Any:
+        tensors, spec = io.flatten_call(args, kwargs, self._arg_names)
+        key = SchemaKey(
+            spec,
+            tuple((t.dtype, t.dim(), t.device, t.requires_grad) for t in tensors),
+            torch.is_grad_enabled(),
+            self._state_key(),
+        )
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self._new_entry(key)
+        else:
+            self.entries.move_to_end(key)
+        self._last_key = key
+        if entry.eager:
+            return self.module(*args, **kwargs)
+        return self._run(entry, tensors, args, kwargs)
+
+    def _new_entry(self, key: SchemaKey) -> Entry:
+        reason = self._reason(key)
+        self._pending_reason = None
+        self._next_index += 1
+        index = self._next_index
+        mode = "train" if self.module.training else "eval"
+        save = None
+        if self._save_onnx is not None:
+            directory, prefix = self._save_onnx
+            save = (directory, f"{prefix}_{mode}_s{index}")
+            self._write_schema(directory, save[1], key)
+        backend = _ModuleBackend(self.options, save)
+        raw = _make_flat_fn(self.module, key.spec, f"lort_ortmodule_s{index}")
+        fn = torch.compile(raw, backend=backend, fullgraph=True, dynamic=None)
+        entry = Entry(index, key, fn, backend)
+        entry.code = raw.__code__
+        self.entries[key] = entry
+        while len(self.entries) > self.options.schema_cache_size:
+            old_key, old = self.entries.popitem(last=False)
+            logger.info("lort.ORTModule(%s): schema s%d evicted (cache size %d)",
+                        self.name, old.index, self.options.schema_cache_size)
+        self.captures.append(Capture(index, reason))
+        logger.info("lort.ORTModule(%s): capture of schema s%d (%s): %s", self.name, index, mode, reason)
+        return entry
+
+    def _write_schema(self, directory: str, stem: str, key: SchemaKey) -> None:
+        os.makedirs(directory, exist_ok=True)
+        paths = io.arg_paths(key.spec, self._arg_names)
+        lines = [f"inputs: {io.describe(key.spec)}", f"grad enabled: {key.grad_enabled}",
+                 f"training: {self.module.training}"]
+        for p, (dtype, rank, device, rg) in zip(paths, key.tensors):
+            lines.append(f"  {p}: {dtype}, rank {rank}, {device}, requires_grad={rg}")
+        with open(os.path.join(directory, f"{stem}_schema.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    def _run(self, entry: Entry, tensors: list, args: tuple, kwargs: dict) -> Any:
+        before = entry.graph_count()
+        try:
+            out_tensors, out_spec = entry.fn(*tensors)
+        except Exception as e:
+            # Dynamo's and lort's errors are capture or compile failures; on an entry's
+            # first call, so is anything else (its graph has never run).
+            if entry.calls == 0 or _is_capture_failure(e):
+                return self._fallback(entry, e, args, kwargs)
+            raise
+        after = entry.graph_count()
+        if after != before:
+            if entry.calls > 0:
+                reason = self._recapture_reason(entry, tensors)
+                self.captures.append(Capture(entry.index, reason))
+                logger.info("lort.ORTModule(%s): re-capture of schema s%d: %s", self.name, entry.index, reason)
+        entry.calls += 1
+        entry.last_shapes = [t.shape for t in tensors]
+        return io.unflatten(out_spec, out_tensors)
+
+    def _fallback(self, entry: Entry, error: BaseException, args: tuple, kwargs: dict) -> Any:
+        msg = (f"lort.ORTModule({self.name}): capture or compile failed for schema s{entry.index} "
+               f"({_one_line(error)}); running the module in PyTorch")
+        if self.options.fallback == "raise":
+            raise CaptureError(
+                msg.replace("; running the module in PyTorch", "") +
+                " (fallback policy 'raise'; set fallback='warn' or LORT_FALLBACK_POLICY=warn to run it in PyTorch)"
+            ) from error
+        warnings.warn(msg, stacklevel=4)
+        logger.warning("%s", msg)
+        entry.eager = True
+        entry.fn = None
+        entry.backend = None
+        return self.module(*args, **kwargs)
+
+    # -- reasons ---------------------------------------------------------------------
+    def _reason(self, key: SchemaKey) -> str:
+        if self._pending_reason is not None:
+            return self._pending_reason
+        last = self._last_key
+        if last is None:
+            return "first call"
+        parts: list[str] = []
+        if last.state != key.state:
+            old_names, old_state = self._token_info[last.state]
+            new_names, new_state = self._token_info[key.state]
+            parts += _state_diff(old_names, old_state, new_names, new_state)
+        if last.grad_enabled != key.grad_enabled:
+            parts.append(f"grad mode {'enabled' if key.grad_enabled else 'disabled'}")
+        if last.spec != key.spec:
+            parts += io.diff_call(last.spec, key.spec, self._arg_names)
+        old = dict(zip(io.arg_paths(last.spec, self._arg_names), last.tensors))
+        new = dict(zip(io.arg_paths(key.spec, self._arg_names), key.tensors))
+        for path, (dtype, rank, device, rg) in new.items():
+            if path not in old:
+                continue
+            o_dtype, o_rank, o_device, o_rg = old[path]
+            if o_dtype != dtype:
+                parts.append(f"input '{path}' dtype changed {_dt(o_dtype)} -> {_dt(dtype)}")
+            if o_rank != rank:
+                parts.append(f"input '{path}' rank changed {o_rank} -> {rank}")
+            if o_device != device:
+                parts.append(f"input '{path}' device changed {o_device} -> {device}")
+            if o_rg != rg:
+                parts.append(f"input '{path}' requires_grad changed {o_rg} -> {rg}")
+        if not parts:
+            return "schema not in the cache (evicted or never seen)"
+        return "; ".join(parts)
+
+    def _recapture_reason(self, entry: Entry, tensors: list) -> str:
+        """Why Dynamo captured an entry again: a shape change (dynamic shapes), or one of
+        Dynamo's guards on something outside the schema key."""
+        parts = []
+        if entry.last_shapes is not None:
+            paths = io.arg_paths(entry.key.spec, self._arg_names)
+            for path, old, t in zip(paths, entry.last_shapes, tensors):
+                if tuple(old) != tuple(t.shape):
+                    parts.append(f"input '{path}' shape changed {tuple(old)} -> {tuple(t.shape)}")
+        if parts:
+            return "; ".join(parts) + " (captured again with dynamic shapes)"
+        failures = torch._dynamo.utils.guard_failures.get(entry.code)
+        if failures:
+            guard = failures[-1].split("\n")[0]
+            return f"Dynamo guard failed: {guard.split(': ', 1)[-1].strip()}"
+        return "Dynamo captured the entry again"
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
