@@ -12,6 +12,7 @@ import logging
 __version__ = "0.1.0"
 
 from .backend import LortBackend, lort_backend
+from .capture.autograd_function import is_capturing
 from .diagnostics.explain import explain
 from .diagnostics.report import ExplainReport
 from .errors import (
@@ -44,6 +45,7 @@ __all__ = [
     "UnsupportedInputError",
     "UnsupportedVersionError",
     "explain",
+    "is_capturing",
     "lort_backend",
     "stats",
 ]

@@ -13,6 +13,7 @@ import torch.fx
 from torch._functorch.aot_autograd import make_boxed_func
 
 from .capture import aot_backend
+from .capture import autograd_function
 from .diagnostics.report import GraphRecord
 from .errors import LortError, SessionCreationError, TranslationError
 from .fusion import fuser, support
@@ -30,6 +31,9 @@ _MAX_REFUSE = 8
 class LortBackend:
     """A torch.compile backend. ``records`` holds what happened to each captured graph."""
 
+    #: Marks lort backends for Dynamo's autograd.Function hook (capture/autograd_function.py).
+    _lort_backend = True
+
     def __init__(self, options: Options | Mapping[str, Any] | None = None):
         self.options = Options.resolve(options)
         if self.options.providers:
@@ -38,7 +42,22 @@ class LortBackend:
         self._count = 0
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        return aot_backend(self.compile_graph, self.options.decompose_conv_backward)(gm, example_inputs)
+        with autograd_function.capturing():
+            compiled = aot_backend(self.compile_graph, self.options.decompose_conv_backward)(gm, example_inputs)
+        entries = autograd_function.entries_in(gm)
+        if entries:
+            # Opaque autograd.Function calls: their entries (non-tensor arguments) live as
+            # long as the compiled callable.
+            try:
+                compiled._lort_opaque_entries = entries
+            except AttributeError:
+                inner = compiled
+
+                def compiled(*args):
+                    return inner(*args)
+
+                compiled._lort_opaque_entries = entries
+        return compiled
 
     # -- one ATen graph ------------------------------------------------------------
     def compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str) -> Callable:
@@ -141,3 +160,9 @@ class LortBackend:
 def lort_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Any = None) -> Callable:
     """Entry point of ``torch.compile(model, backend="lort", options={...})``."""
     return LortBackend(options)(gm, example_inputs)
+
+
+lort_backend._lort_backend = True
+# Importing the backend (torch.compile(backend="lort") does) lets Dynamo run untraceable
+# autograd.Functions opaquely in graphs compiled by lort; other backends are unaffected.
+autograd_function.install()
