@@ -410,8 +410,11 @@ class TransitionManager:
             return "; ".join(parts) + " (captured again with dynamic shapes)"
         failures = torch._dynamo.utils.guard_failures.get(entry.code)
         if failures:
-            guard = failures[-1].split("\n")[0]
-            return f"Dynamo guard failed: {guard.split(': ', 1)[-1].strip()}"
+            # "0/1: module.config.problem_type is None   # if ...  # file:line in forward"
+            guard = failures[-1].split("\n")[0].split(": ", 1)[-1]
+            code, _, where = guard.partition("#")
+            where = where.rsplit("#", 1)[-1].strip()
+            return f"Dynamo guard failed: {code.strip()}" + (f" ({where})" if where else "")
         return "Dynamo captured the entry again"
 
 
