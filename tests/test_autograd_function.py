@@ -321,11 +321,14 @@ def test_checkpoint_style_function_recomputes_in_backward():
 
     def model(x):
         h = Checkpoint.apply(block, x * 2, *params)
-        return head(h + x).softmax(-1)
+        return head(h + x).tanh()
 
     all_params = [*params, *head.parameters()]
     compiled, backend = compile_lort(model)
-    assert_same(outputs_and_grads(compiled, [x], all_params), outputs_and_grads(model, [x], all_params))
+    got = outputs_and_grads(compiled, [x], all_params)
+    assert_same(got, outputs_and_grads(model, [x], all_params))
+    # The checkpointed block's parameters get their gradients from the recompute.
+    assert all(torch.count_nonzero(g) > 0 for g in got[1][1 : 1 + len(params)])
     assert kinds(backend) == ["forward", "backward"]
     assert len(opaque_nodes(backend)) == 1
 
@@ -711,3 +714,69 @@ def test_all_reduce_in_function_on_two_gloo_ranks(tmp_path):
         outs.append((p.returncode, out))
     for rank, (rc, out) in enumerate(outs):
         assert rc == 0 and f"rank {rank} ok" in out, out[-3000:]
+
+
+# -- the same functions under lort.ORTModule --------------------------------------------------
+
+
+class MixedModel(torch.nn.Module):
+    """The seed's function (opaque variant), .item(), numpy, a traced custom backward and a
+    checkpointed block in one module."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.block = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh())
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = OpaqueScalarAndTupleFunction.apply(self.fc1(x), 2.0, (1.5, 0.5), 0.5)
+        h = NormalizeByMax.apply(CustomGelu.apply(h))
+        h = Checkpoint.apply(self.block, h, *self.block.parameters())
+        return self.fc2(NumpyTanh.apply(h) + ScalarAndTupleFunction.apply(h, 0.5, (2.0, 1.0), 1.5))
+
+
+@pytest.mark.skipif(not hasattr(lort, "ORTModule"), reason="lort.ORTModule is not built yet")
+def test_functions_under_ortmodule_train_like_eager():
+    import copy
+
+    torch.manual_seed(0)
+    eager = MixedModel()
+    ortm = lort.ORTModule(copy.deepcopy(eager), options={"executor": "ort", "fallback": "raise"})
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt_o = torch.optim.SGD(ortm.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        x = torch.randn(6, 8, generator=gen)
+        y = torch.randn(6, 4, generator=gen)
+        losses = []
+        for m, opt in ((eager, opt_e), (ortm, opt_o)):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    for p, q in zip(ortm.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    records = ortm.transition_manager.records
+    assert [r.kind for r in records] == ["forward", "backward"]
+    fw_opaque = [n for n in records[0].graph_module.graph.nodes if str(n.target) == "lort.python_op.default"]
+    # Opaque: the seed's variant, .item() and the checkpoint. CustomGelu and
+    # ScalarAndTupleFunction are traced into ORT groups, and so is NumpyTanh: Dynamo
+    # traces numpy calls on tensors (torch._numpy).
+    assert len(fw_opaque) == 3
+    assert records[0].ort_nodes > 0 and records[1].ort_nodes > 0
+
+
+@pytest.mark.skipif(not hasattr(lort, "ORTModule"), reason="lort.ORTModule is not built yet")
+def test_ortmodule_inference_with_opaque_function():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(5, 5)
+    ortm = lort.ORTModule(torch.nn.Sequential(lin, torch.nn.ReLU()), options={"executor": "ort", "fallback": "raise"})
+    ortm.eval()
+    x = torch.randn(2, 5)
+    with torch.no_grad():
+        got = NormalizeByMax.apply(ortm(x))
+        want = NormalizeByMax.apply(torch.relu(lin(x)))
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)

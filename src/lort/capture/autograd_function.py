@@ -273,7 +273,11 @@ def _python_op(handle: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         ins = []
         for i, t in enumerate(tensors):
             if want_grad and entry.needs_grad[i]:
-                leaf = t.detach().requires_grad_(True)
+                # A graph input that requires grad (a parameter, the caller's tensor) is
+                # passed as itself: code that also reaches it another way (a checkpointed
+                # module's parameters) then sees the same tensor, as in eager. Others
+                # become detached leaves.
+                leaf = t if (t.requires_grad and t.is_leaf) else t.detach().requires_grad_(True)
                 leaves.append(leaf)
                 # A function that modifies its input in place gets a non-leaf copy (the
                 # graph copies the result back into the caller's tensor).
@@ -438,14 +442,29 @@ def infer_outputs(entry: _Entry, fake_mode, fakes: list[torch.Tensor]) -> None:
     """Output metadata of ``entry``'s function: a fake-tensor run, else a dummy real run."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        _ignore_fresh_unbacked_symbols_tls_context,
+        free_unbacked_symbols,
+        is_concrete_int,
+    )
+
+    static = all(is_concrete_int(s) for f in fakes for s in (*f.shape, *f.stride()))
     try:
-        with fake_mode:
+        # Static shapes: a fresh fake mode without a shape env, so .item() and the like
+        # fail cleanly instead of adding unbacked symbols to Dynamo's shape env.
+        mode = FakeTensorMode() if static else fake_mode
+        ignore = contextlib.nullcontext() if static else _ignore_fresh_unbacked_symbols_tls_context()
+        with mode, ignore:
             inputs = [torch.empty_strided(f.shape, f.stride(), dtype=f.dtype, device=f.device) for f in fakes]
             _run_forward_for_metadata(entry, inputs)
+        if any(free_unbacked_symbols(m.shape) for m in entry.out_meta):
+            raise OpaqueFunctionError("output shape depends on data")
         entry.metadata_from = "fake-tensor run"
         return
-    except OpaqueFunctionError:
-        raise
+    except OpaqueFunctionError as e:
+        if "output shape depends on data" not in str(e):
+            raise
     except Exception as e:  # noqa: BLE001 - any failure under fake tensors: try real ones
         logger.debug("lort: %s does not run on fake tensors (%s); using a dummy run", entry.name, e)
     # Real tensors need concrete shapes: specialize symbolic sizes (a guard recompiles on change).
