@@ -780,3 +780,12 @@ def test_ortmodule_inference_with_opaque_function():
         got = NormalizeByMax.apply(ortm(x))
         want = NormalizeByMax.apply(torch.relu(lin(x)))
     torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_missing_dynamo_internals_fail_with_a_clear_version_error(monkeypatch):
+    from torch._dynamo.variables.misc import AutogradFunctionVariable
+
+    af.check_torch_internals()  # the installed torch has what lort needs
+    monkeypatch.delattr(AutogradFunctionVariable, "_resolve_kwargs")
+    with pytest.raises(lort.UnsupportedVersionError, match="_resolve_kwargs is missing"):
+        af.check_torch_internals()
