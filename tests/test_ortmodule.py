@@ -324,6 +324,12 @@ def test_module_attribute_assignment_recaptures(caplog):
         "parameters of 'l2' replaced",
     ]
     assert any("module attribute 'scale' changed 1.0 -> 2.0" in r.getMessage() for r in caplog.records)
+    # Tensor attributes are not graph constants: replacing one compares tensors (the fast
+    # check must not fail on their truth value) and captures nothing.
+    for _ in range(2):
+        om.module.note = torch.randn(3)
+        om(x)
+    assert len(om.transition_manager.captures) == 3
 
 
 def test_forward_hook_registration_recaptures():
@@ -374,6 +380,12 @@ def test_parameters_state_dict_round_trip_and_attribute_forwarding():
     parent.enc = om
     assert [n for n, _ in parent.named_parameters()] == [f"enc.{n}" for n in names]
     assert list(parent.state_dict()) == [f"enc.{n}" for n in inner.state_dict()]
+    zeroed = {k: torch.zeros_like(v) for k, v in parent.state_dict().items()}
+    result = parent.load_state_dict(zeroed)  # strict: every key found, none unexpected
+    assert not result.missing_keys and not result.unexpected_keys
+    assert not inner.head.weight.any()
+    with pytest.raises(RuntimeError, match="Missing key"):
+        parent.load_state_dict({k: v for k, v in zeroed.items() if k != "enc.head.bias"})
     with pytest.raises(AttributeError):
         om.no_such_attribute
 

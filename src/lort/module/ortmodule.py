@@ -223,6 +223,15 @@ class ORTModule(torch.nn.Module):
             self._lort_manager.invalidate("load_state_dict(assign=True) replaced the parameters")
         return result
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        # A parent's load_state_dict reaches the wrapper here (the wrapper registers no
+        # children): load the wrapped module's keys under this prefix.
+        sub = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        result = self._lort_module.load_state_dict(sub, strict=False)
+        missing_keys.extend(prefix + k for k in result.missing_keys)
+        unexpected_keys.extend(prefix + k for k in result.unexpected_keys)
+
     def add_module(self, name: str, module: torch.nn.Module | None) -> None:
         self._lort_module.add_module(name, module)
 
