@@ -455,6 +455,8 @@ def test_fallback_runs_pytorch_with_one_warning(recwarn):
     ours = [w for w in recwarn.list if "lort.ORTModule" in str(w.message)]
     assert len(ours) == 1, [str(w.message) for w in ours]
     assert "capture or compile failed" in str(ours[0].message) and "running the module in PyTorch" in str(ours[0].message)
+    assert ours[0].filename == __file__  # points at the user's call
+    assert "data-dependent expression" in str(ours[0].message)  # Dynamo's reason is given
     assert model.l.weight.grad is not None
     assert om.transition_manager.records == []
 

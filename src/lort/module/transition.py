@@ -388,7 +388,9 @@ class TransitionManager:
                 msg.replace("; running the module in PyTorch", "") +
                 " (fallback policy 'raise'; set fallback='warn' or LORT_FALLBACK_POLICY=warn to run it in PyTorch)"
             ) from error
-        warnings.warn(msg, stacklevel=4)
+        # _fallback <- _run <- __call__ <- ORTModule.forward <- Module._call_impl <-
+        # Module._wrapped_call_impl <- the user's call.
+        warnings.warn(msg, stacklevel=7)
         logger.warning("%s", msg)
         entry.eager = True
         entry.fn = None
