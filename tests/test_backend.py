@@ -341,8 +341,8 @@ def test_executor_auto_runs_each_group_where_it_timed_faster(monkeypatch, pytorc
 
     real = group_mod._time_pytorch
 
-    def fake_time(gm, feeds):
-        measured = real(gm, feeds)
+    def fake_time(gm, feeds, perms):
+        measured = real(gm, feeds, perms)
         assert measured is not None and measured > 0  # the real measurement works
         return 1e-9 if pytorch_faster else 10.0
 

@@ -49,13 +49,17 @@ def _static_shape(t: torch.Tensor) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
-def _time_pytorch(gm: torch.fx.GraphModule, feeds: list) -> float | None:
+def _time_pytorch(gm: torch.fx.GraphModule, feeds: list, perms: list) -> float | None:
     """Median seconds of a run of ``gm`` on ``feeds`` (real tensors: compilation runs
-    under FakeTensorMode, which this leaves for the measurement)."""
+    under FakeTensorMode, which this leaves for the measurement); feeds are in physical
+    order, ``perms`` gives each input back its layout."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily(), torch.no_grad():
-        args = [torch.from_numpy(f) for f in feeds]
+        args = [
+            torch.from_numpy(f) if p is None else torch.from_numpy(f).permute(_inverse(p))
+            for f, p in zip(feeds, perms)
+        ]
         return median_run_time(lambda: gm(*args))
 
 
@@ -80,6 +84,58 @@ def _needs_restride(t: torch.Tensor) -> tuple | None:
     return shape, stride
 
 
+def _dense_perm(t) -> list[int] | None:
+    """For a tensor whose layout is a permutation of a contiguous one (a transposed
+    weight, a channels-last activation), the permutation ``p`` such that
+    ``t.permute(p)`` is contiguous; None for contiguous, symbolic or other layouts.
+
+    Groups take and give such tensors in their physical order, with the Transpose
+    inside the ONNX model (where ORT folds it into MatMul or Gemm), instead of copying
+    them to or from contiguous memory."""
+    if not isinstance(t, torch.Tensor) or _needs_restride(t) is None:
+        return None
+    stride = [int(s) for s in t.stride()]
+    perm = sorted(range(t.dim()), key=lambda d: (-stride[d], d))
+    if not t.permute(perm).is_contiguous() or perm == list(range(t.dim())):
+        return None
+    return perm
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def _physical_graph(gm: torch.fx.GraphModule, in_perms: list, out_perms: list) -> torch.fx.GraphModule:
+    """A copy of ``gm`` that takes permuted-layout inputs and gives permuted-layout
+    outputs in physical (contiguous) order, with permutes inside the graph."""
+    graph = torch.fx.Graph()
+    val_map: dict = {}
+    out = graph.graph_copy(gm.graph, val_map)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for node, perm in zip(placeholders, in_perms):
+        if perm is None:
+            continue
+        logical = node.meta["val"]
+        with graph.inserting_after(node):
+            view = graph.call_function(torch.ops.aten.permute.default, (node, _inverse(perm)))
+        node.replace_all_uses_with(view, delete_user_cb=lambda u: u is not view)
+        node.meta = {**node.meta, "val": logical.permute(perm).contiguous()}
+        view.meta = {"val": logical}
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    for i, perm in enumerate(out_perms):
+        if perm is None:
+            continue
+        logical = outs[i].meta["val"]
+        phys = graph.call_function(torch.ops.aten.permute.default, (outs[i], perm))
+        phys.meta = {"val": logical.permute(perm).contiguous()}
+        outs[i] = phys
+    graph.output(tuple(outs))
+    return torch.fx.GraphModule(gm, graph)
+
+
 class OrtGroup(torch.nn.Module):
     """Runs one fusion group in ORT ('ort'), PyTorch ('pytorch') or both ('debug').
 
@@ -96,8 +152,20 @@ class OrtGroup(torch.nn.Module):
         # where[i]: which of the module's (deduplicated) outputs is the group's output i.
         self.where = list(range(len(out_node.args[0]))) if where is None else where
         self._out_metas = [v.meta["val"] for v in out_node.args[0]]
-        self._outputs = [OutputSpec(m.dtype, _static_shape(m)) for m in self._out_metas]
-        self._restride = [_needs_restride(m) for m in self._out_metas]
+        in_metas = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+        # Permuted layouts cross into and out of ORT in physical order (see _dense_perm).
+        self._in_perms = [_dense_perm(m) for m in in_metas]
+        self._out_perms = [_dense_perm(m) for m in self._out_metas]
+        self._out_inverse = [None if p is None else _inverse(p) for p in self._out_perms]
+        self._any_in_perm = any(p is not None for p in self._in_perms)
+        self._any_out_perm = any(p is not None for p in self._out_perms)
+        self._phys_gm = (
+            _physical_graph(gm, self._in_perms, self._out_perms) if self._any_in_perm or self._any_out_perm else gm
+        )
+        phys_out = next(n for n in self._phys_gm.graph.nodes if n.op == "output").args[0]
+        self._outputs = [OutputSpec(v.meta["val"].dtype, _static_shape(v.meta["val"])) for v in phys_out]
+        # Other non-contiguous layouts (overlapping, broadcast) are copied after the run.
+        self._restride = [None if p is not None else _needs_restride(m) for m, p in zip(self._out_metas, self._out_perms)]
         self._any_restride = any(r is not None for r in self._restride)
         self._identity_where = where is None or list(where) == list(range(len(where)))
         devices = {m.device for m in self._out_metas}
@@ -131,13 +199,14 @@ class OrtGroup(torch.nn.Module):
         and options) reuses the stored model and choices.
 
         Raises TranslationError or SessionCreationError."""
-        metas = [n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder"]
+        # The ONNX model's inputs (physical layouts): sessions and ORT timing use these.
+        metas = [n.meta.get("val") for n in self._phys_gm.graph.nodes if n.op == "placeholder"]
         cache = disk_cache.for_options(self.options)
         cache_key = disk_cache.graph_key(self.gm, self.options) if cache else None
         if cache and self._prepare_from_cache(cache, cache_key, metas):
             self._save_onnx()
             return
-        model = onnx_export.group_to_onnx(self.gm, self.name)
+        model = onnx_export.group_to_onnx(self._phys_gm, self.name)
         plain = onnx_export.serialize(model)
         candidates = [plain]
         if self.options.ort_fusions:
@@ -161,9 +230,15 @@ class OrtGroup(torch.nn.Module):
             self._static_session = sess
         if self.options.executor == "auto" and self.options.mode == "ort":
             self._choose_executor(metas)
+            if self.executor == "pytorch":
+                self._drop_sessions()  # never run: their memory (arena, weights) goes
         self.__dict__.pop("_feeds", None)  # timing inputs are not kept alive
         if cache:
             cache.store(cache_key, self.model_bytes, self._choices())
+
+    def _drop_sessions(self) -> None:
+        self.sessions.clear()
+        self._static_session = None
 
     def _save_onnx(self) -> None:
         if self.options.save_onnx:
@@ -194,7 +269,8 @@ class OrtGroup(torch.nn.Module):
             self.fusions = dict(meta["fusions"])
             self.executor = meta["executor"]
             self.executor_times = dict(meta["executor_times"])
-            sess = self._session(self._spec(metas))
+            # A group timed faster in PyTorch never runs its session: none is built.
+            sess = self._session(self._spec(metas)) if self.executor == "ort" else None
         except (KeyError, TypeError, ValueError, SessionCreationError) as e:
             logger.info("lort: %s: disk cache entry unusable (%s); translating", self.name, e)
             self.sessions.clear()
@@ -219,7 +295,7 @@ class OrtGroup(torch.nn.Module):
             return
         if ort_time is None:
             ort_time = measure_session(self.model_bytes, self.device, self.options, self.threads, feeds)
-        torch_time = _time_pytorch(self.gm, feeds)
+        torch_time = _time_pytorch(self.gm, feeds, self._in_perms)
         if ort_time is None or torch_time is None:
             return
         self.executor_times = {"ort": ort_time, "pytorch": torch_time}
@@ -265,8 +341,12 @@ class OrtGroup(torch.nn.Module):
     def _run_ort(self, args) -> list[torch.Tensor]:
         # A static graph is only ever called with its own spec (Dynamo guards shapes,
         # dtypes and devices), so its one session is used without computing the spec.
+        if self._any_in_perm:
+            args = [a if p is None else a.permute(p) for a, p in zip(args, self._in_perms)]
         sess = self._static_session or self._session(self._spec(args))
         outs = sess.run(args)
+        if self._any_out_perm:
+            outs = [o if q is None else o.permute(q) for o, q in zip(outs, self._out_inverse)]
         if self._any_restride:
             for i, rs in enumerate(self._restride):
                 if rs is not None:
