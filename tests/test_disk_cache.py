@@ -8,9 +8,11 @@ import torch
 
 import lort
 from lort.backend import LortBackend
+from lort.capture import decompositions
+from lort.fusion import support
 from lort.runtime.disk_cache import DiskCache
 from lort.testing.models import MLP
-from lort.translate import onnx_export
+from lort.translate import _compat, onnx_export
 
 
 def run(cache_dir, **options):
@@ -33,12 +35,22 @@ def test_second_compile_reads_the_cache_and_skips_translation(tmp_path, monkeypa
     assert not any(m.from_cache for m in group_modules(cold))
     entries = sorted(os.listdir(tmp_path))
     assert len([e for e in entries if e.endswith(".onnx")]) == len(group_modules(cold)) == 2
-    assert len([e for e in entries if e.endswith(".json")]) == 2
+    assert len([e for e in entries if e.endswith(".json") and not e.endswith(".rec.json")]) == 2
+    # Records: the partition of each graph (forward, backward) and torch_lib's op list.
+    assert len([e for e in entries if e.endswith(".rec.json")]) == 3
 
-    def no_translation(*a, **k):
-        raise AssertionError("translated although the disk cache holds this group")
+    def refuse(what):
+        def fail(*a, **k):
+            raise AssertionError(f"{what} although the disk cache holds the result")
 
-    monkeypatch.setattr(onnx_export, "group_to_onnx", no_translation)
+        return fail
+
+    # A warm compile neither translates, nor checks support, nor builds torch_lib's
+    # registry (seconds of a cold start).
+    monkeypatch.setattr(onnx_export, "group_to_onnx", refuse("translated"))
+    monkeypatch.setattr(support, "unsupported_reason", refuse("checked support"))
+    monkeypatch.setattr(_compat, "registry", refuse("built the registry"))
+    decompositions.table.cache_clear()
     warm, out_warm, grad_warm = run(tmp_path)
     mods = group_modules(warm)
     assert mods and all(m.from_cache for m in mods)

@@ -13,12 +13,12 @@ import torch.fx
 from torch._functorch.aot_autograd import make_boxed_func
 
 from .capture import aot_backend
-from .capture import autograd_function
+from .capture import autograd_function, decompositions
 from .diagnostics.report import GraphRecord
 from .errors import LortError, SessionCreationError, TranslationError
 from .fusion import fuser, support
 from .options import Options
-from .runtime import providers
+from .runtime import disk_cache, providers
 from .runtime.group import OrtGroup
 from .translate import onnx_export
 
@@ -26,6 +26,9 @@ logger = logging.getLogger("lort")
 
 #: How many times a graph is re-fused after finding nodes that fail to translate.
 _MAX_REFUSE = 8
+#: Reasons given to nodes found unsupported by translating their group (not by the
+#: support check); they are warned about.
+_FOUND_BY_TRANSLATING = ("translation failed", "its group failed as a whole")
 
 
 class LortBackend:
@@ -43,7 +46,10 @@ class LortBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         with autograd_function.capturing():
-            compiled = aot_backend(self.compile_graph, self.options.decompose_conv_backward)(gm, example_inputs)
+            decomps = decompositions.table(
+                self.options.decompose_conv_backward, decompositions.implemented_names(self.options)
+            )
+            compiled = aot_backend(self.compile_graph, decomps)(gm, example_inputs)
         entries = autograd_function.entries_in(gm)
         if entries:
             # Opaque autograd.Function calls: their entries (non-tensor arguments) live as
@@ -64,15 +70,22 @@ class LortBackend:
         self._count += 1
         prefix = f"g{self._count}_{kind}"
         record = GraphRecord(kind=kind, name=prefix, graph_module=gm)
-        unsupported: dict[torch.fx.Node, str] = {}
-        for node in gm.graph.nodes:
-            if node.op == "call_function":
-                reason = support.unsupported_reason(node)
-                if reason is None:
-                    reason = self._device_reason(node)
-                if reason is not None:
-                    unsupported[node] = reason
+        cache = disk_cache.for_options(self.options) if self.options.mode != "pytorch" else None
+        plan_key = disk_cache.graph_key(gm, self.options, what="plan") if cache else None
+        unsupported = self._cached_plan(gm, cache.load_record(plan_key)) if cache else None
+        cached = unsupported is not None
+        if unsupported is None:
+            unsupported = {}
+            for node in gm.graph.nodes:
+                if node.op == "call_function":
+                    reason = support.unsupported_reason(node)
+                    if reason is None:
+                        reason = self._device_reason(node)
+                    if reason is not None:
+                        unsupported[node] = reason
         groups, modules = self._fuse_and_prepare(gm, unsupported, prefix)
+        if cache and not cached:
+            cache.store_record(plan_key, {"unsupported": {n.name: r for n, r in unsupported.items()}})
         record.set_result(groups, modules, unsupported)
         self.records.append(record)
         logger.info("lort: %s", record.summary())
@@ -81,6 +94,30 @@ class LortBackend:
         part = fuser.replace_groups(gm, groups, modules)
         record.partitioned = part
         return make_boxed_func(part.forward)
+
+    def _cached_plan(self, gm: torch.fx.GraphModule, record: dict | None) -> dict[torch.fx.Node, str] | None:
+        """The nodes a previous compile of this very graph (same code, metadata, options
+        and versions) left to PyTorch, and why: the support check, which needs
+        torch_lib's registry, is skipped. Nodes found by translating are warned about
+        (or raised on) again, as on the first compile."""
+        entries = record.get("unsupported") if record else None
+        if not isinstance(entries, dict):
+            return None
+        by_name = {n.name: n for n in gm.graph.nodes}
+        if not all(isinstance(r, str) and name in by_name for name, r in entries.items()):
+            return None
+        unsupported = {by_name[name]: reason for name, reason in entries.items()}
+        warned = set()
+        for node, reason in unsupported.items():
+            if not reason.startswith(_FOUND_BY_TRANSLATING) or node.target is operator.getitem:
+                continue
+            if reason.startswith("translation failed"):
+                self._fail_node(node, reason)
+            elif reason not in warned:  # one warning per failed group, as the first time
+                warned.add(reason)
+                self._fail_message(f"lort: a group runs in PyTorch: {reason}", TranslationError)
+        logger.debug("lort: partition of %d nodes read from the disk cache", len(by_name))
+        return unsupported
 
     def _device_reason(self, node: torch.fx.Node) -> str | None:
         val = node.meta.get("val")
@@ -151,10 +188,12 @@ class LortBackend:
         warnings.warn(f"lort: group {grp.name} runs in PyTorch: {error}", stacklevel=3)
 
     def _fail_node(self, node: torch.fx.Node, reason: str) -> None:
-        msg = f"lort: {support.op_name(node)} runs in PyTorch: {reason}"
+        self._fail_message(f"lort: {support.op_name(node)} runs in PyTorch: {reason}", TranslationError)
+
+    def _fail_message(self, msg: str, error: type[LortError]) -> None:
         if self.options.fallback == "raise":
-            raise TranslationError(msg)
-        warnings.warn(msg, stacklevel=3)
+            raise error(msg)
+        warnings.warn(msg, stacklevel=4)
 
 
 def lort_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Any = None) -> Callable:

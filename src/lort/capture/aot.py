@@ -13,14 +13,12 @@ from typing import Callable
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import decompositions
 
 
-def aot_backend(
-    compile_graph: Callable[[torch.fx.GraphModule, list, str], Callable], decompose_conv_backward: bool = False
-) -> Callable:
+def aot_backend(compile_graph: Callable[[torch.fx.GraphModule, list, str], Callable], decomps: dict) -> Callable:
     """A Dynamo backend that hands AOTAutograd's graphs to ``compile_graph(gm, inputs, kind)``,
-    kind being 'forward', 'backward' or 'inference'."""
+    kind being 'forward', 'backward' or 'inference'; ``decomps`` is the table from
+    ``decompositions.table``."""
     from torch._dynamo.backends.common import aot_autograd
 
     def fw(gm, example_inputs):
@@ -36,7 +34,7 @@ def aot_backend(
         fw_compiler=fw,
         bw_compiler=bw,
         inference_compiler=inference,
-        decompositions=decompositions.table(decompose_conv_backward),
+        decompositions=decomps,
         # Buffer updates (batch norm's running stats) leave the graph as outputs and
         # AOTAutograd's epilogue writes them, so graphs stay functional.
         keep_inference_input_mutations=False,

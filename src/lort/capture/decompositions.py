@@ -23,6 +23,8 @@ import functools
 
 import torch
 
+from ..options import Options
+from ..runtime import disk_cache
 from ..translate import _compat
 
 aten = torch.ops.aten
@@ -121,9 +123,28 @@ def div_floor_integer(a, b, *, rounding_mode=None):
     return aten.floor_divide.default(a, b)
 
 
-@functools.lru_cache(maxsize=2)
-def table(decompose_conv_backward: bool = False) -> dict:
-    decomps = dict(_compat.decomposition_table())
+def implemented_names(options: Options) -> tuple[str, ...] | None:
+    """The ATen overloads torch_lib translates, from the disk cache when it has them
+    (building them takes torch_lib's whole registry, seconds), else built and stored.
+    None without a disk cache (``table`` then builds them)."""
+    cache = disk_cache.for_options(options)
+    if cache is None:
+        return None
+    key = disk_cache.versions_key("torch_lib implemented overloads")
+    record = cache.load_record(key)
+    ops = record.get("ops") if record else None
+    if isinstance(ops, list) and all(isinstance(o, str) for o in ops):
+        return tuple(ops)
+    names = tuple(_compat.implemented_overload_names())
+    cache.store_record(key, {"ops": list(names)})
+    return names
+
+
+@functools.lru_cache(maxsize=4)
+def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | None = None) -> dict:
+    """The decomposition table AOTAutograd traces with: PyTorch's decompositions of the
+    ops torch_lib does not translate (``implemented`` names those it does), plus lort's."""
+    decomps = dict(_compat.decomposition_table(implemented))
     # Decompositions that break tracing: lift_fresh's turns a torch.tensor() constant
     # into an alias of a real tensor inside FakeTensorMode; diagonal_scatter's and
     # as_strided_scatter's (torch._refs) emit prims.copy_to, which AOTAutograd rejects as

@@ -10,6 +10,7 @@ removing the least recently used entries.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -26,14 +27,45 @@ logger = logging.getLogger("lort")
 FORMAT = 1
 
 
+@functools.lru_cache(maxsize=1)
+def _source_hash() -> str:
+    """A hash of lort's own source: an edited lort (same version number) misses the
+    entries an older one wrote."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                h.update(os.path.relpath(path, root).encode())
+                with open(path, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
 def _versions() -> tuple:
-    import onnx_ir
-    import onnxruntime
-    import onnxscript
+    from importlib import metadata
 
     from .. import __version__
 
-    return (FORMAT, __version__, torch.__version__, onnxruntime.__version__, onnxscript.__version__, onnx_ir.__version__)
+    def version(*dists: str) -> str:
+        # Read from metadata: a warm start then never imports onnxscript.
+        for d in dists:
+            try:
+                return metadata.version(d)
+            except metadata.PackageNotFoundError:
+                continue
+        return "absent"
+
+    others = (
+        version("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml"),
+        version("onnx"),
+        version("onnxscript"),
+        version("onnx-ir", "onnx_ir"),
+    )
+    return (FORMAT, __version__, _source_hash(), torch.__version__, *others)
 
 
 def _describe(val) -> str:
@@ -44,10 +76,17 @@ def _describe(val) -> str:
     return type(val).__name__
 
 
-def graph_key(gm: torch.fx.GraphModule, options: Options) -> str:
-    """A hash of everything that determines a group's translation and timed choices."""
+def versions_key(what: str) -> str:
+    """A key for a record that depends only on the library versions (e.g. the list of
+    ops torch_lib translates)."""
+    return hashlib.sha256(repr((what, _versions())).encode()).hexdigest()
+
+
+def graph_key(gm: torch.fx.GraphModule, options: Options, what: str = "group") -> str:
+    """A hash of everything that determines a group's translation and timed choices
+    (``what="group"``), or a whole graph's partition (``what="plan"``)."""
     h = hashlib.sha256()
-    h.update(repr(_versions()).encode())
+    h.update(repr((what, _versions())).encode())
     h.update(
         repr(
             (
@@ -57,6 +96,8 @@ def graph_key(gm: torch.fx.GraphModule, options: Options) -> str:
                 options.executor,
                 options.mode == "ort",  # the executor is timed in ort mode only
                 options.providers,
+                options.max_group_args,
+                options.decompose_conv_backward,
                 torch.get_num_threads(),
             )
         ).encode()
@@ -101,6 +142,24 @@ class DiskCache:
             self._write(model_path, model)
             self._write(meta_path, json.dumps({**meta, "size": len(model)}).encode())
             self._evict()
+        except OSError as e:
+            logger.info("lort: disk cache not written (%s)", e)
+
+    def load_record(self, key: str) -> dict | None:
+        """A JSON record stored by ``store_record`` (graph plans, op lists), or None."""
+        path = os.path.join(self.directory, f"{key}.rec.json")
+        try:
+            with open(path) as f:
+                record = json.load(f)
+            os.utime(path)
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
+    def store_record(self, key: str, record: dict) -> None:
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            self._write(os.path.join(self.directory, f"{key}.rec.json"), json.dumps(record).encode())
         except OSError as e:
             logger.info("lort: disk cache not written (%s)", e)
 

@@ -202,12 +202,27 @@ def dispatch(node: torch.fx.Node) -> tuple[Callable | None, str]:
     return _ex_dispatching.dispatch(node, reg)
 
 
-@functools.lru_cache(maxsize=1)
-def decomposition_table() -> dict:
-    """PyTorch decompositions for exactly the ops torch_lib cannot translate (correctly)."""
+def implemented_overload_names() -> list[str]:
+    """The ATen overloads torch_lib translates correctly, as names ("aten::add.Tensor").
+    Building them needs torch_lib's whole registry (seconds); the disk cache keeps them
+    per library versions so that a warm start does not build it."""
     reg = registry()
     always_wrong = {op for op, why in _known_wrong().items() if isinstance(why, str)}
-    implemented = set(_ex_decomp.get_onnx_implemented_overloads(reg)) - always_wrong
+    ops = set(_ex_decomp.get_onnx_implemented_overloads(reg)) - always_wrong
+    return sorted(op.name() for op in ops if isinstance(op, torch._ops.OpOverload))
+
+
+def _overload(name: str) -> torch._ops.OpOverload:
+    namespace, _, rest = name.partition("::")
+    op, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
+
+
+def decomposition_table(implemented_names: tuple[str, ...] | None = None) -> dict:
+    """PyTorch decompositions for exactly the ops torch_lib cannot translate (correctly),
+    given those ops' names (``implemented_overload_names()`` when omitted)."""
+    names = implemented_overload_names() if implemented_names is None else implemented_names
+    implemented = {_overload(n) for n in names}
     return _ex_decomp.create_onnx_friendly_decomposition_table(implemented)
 
 
