@@ -95,6 +95,35 @@ def bert(batch=1, seq=32, layers=2, hidden=64, heads=4, seed=0):
     return model, (ids, mask)
 
 
+def gpt2(batch=1, seq=32, layers=2, hidden=64, heads=4, seed=0):
+    make_torchvision_importable()
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(
+        vocab_size=1000, n_positions=128, n_embd=hidden, n_layer=layers, n_head=heads,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )
+    model = transformers.GPT2Model(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+    return model, (ids,)
+
+
+def llama(batch=1, seq=32, layers=2, hidden=64, heads=4, kv_heads=2, seed=0):
+    """A Llama-style decoder: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU."""
+    make_torchvision_importable()
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=1000, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128,
+    )
+    model = transformers.LlamaModel(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+    return model, (ids,)
+
+
 def timm_model(name="resnet18", batch=1, size=64, seed=0, **kwargs):
     make_torchvision_importable()
     import timm
@@ -133,4 +162,9 @@ CASES = {
     "transformer": Case("transformer", lambda b: (TransformerBlock(), (torch.randn(b, 32, 64),))),
     "bert": Case("bert", lambda b: bert(batch=b)),
     "resnet18": Case("resnet18", lambda b: timm_model("resnet18", batch=b)),
+    "gpt2": Case("gpt2", lambda b: gpt2(batch=b)),
+    "llama": Case("llama", lambda b: llama(batch=b)),
+    "resnet50": Case("resnet50", lambda b: timm_model("resnet50", batch=b)),
+    "mobilenetv3": Case("mobilenetv3", lambda b: timm_model("mobilenetv3_small_100", batch=b)),
+    "vit": Case("vit", lambda b: timm_model("vit_tiny_patch16_224", batch=b, img_size=64)),
 }
