@@ -1,5 +1,6 @@
 """The backend's behaviour: options, modes, caching, fallbacks, explain."""
 
+import copy
 import importlib.metadata
 import warnings
 
@@ -8,6 +9,7 @@ import torch
 
 import lort
 from lort.backend import LortBackend
+from lort.runtime import graph_choice
 from lort.runtime import session as session_mod
 from lort.translate import _compat
 
@@ -347,6 +349,8 @@ def test_executor_auto_runs_each_group_where_it_timed_faster(monkeypatch, pytorc
         return 1e-9 if pytorch_faster else 10.0
 
     monkeypatch.setattr(group_mod, "_time_pytorch", fake_time)
+    # The group-level choice alone: the whole-graph comparison keeps lort's graph.
+    monkeypatch.setattr(graph_choice, "time_candidates", lambda candidates, inputs: None)
     x, w = inputs()
     backend = LortBackend({"executor": "auto"})
     before = lort.stats.ort_runs
@@ -393,3 +397,88 @@ def test_ten_sequence_lengths_compile_at_most_two_graphs():
     assert lort.stats.sessions_created - before <= 2
     for r in backend.records:
         assert r.ort_nodes / (r.ort_nodes + r.torch_nodes) > 0.95, r.fallbacks
+
+
+class _BNNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 32)
+        self.bn = torch.nn.BatchNorm1d(32)
+        self.out = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.bn(self.lin(x))))
+
+
+@pytest.mark.parametrize("eager_faster", [True, False])
+def test_executor_auto_runs_the_whole_graph_in_eager_pytorch_when_faster(monkeypatch, eager_faster):
+    real = graph_choice.time_candidates
+
+    def fake_times(candidates, example_inputs):
+        measured = real(candidates, example_inputs)
+        assert set(measured) == {"lort", "pytorch"} and all(t > 0 for t in measured.values())
+        return {"lort": 1.0, "pytorch": 0.5} if eager_faster else {"lort": 0.5, "pytorch": 1.0}
+
+    monkeypatch.setattr(graph_choice, "time_candidates", fake_times)
+    torch.manual_seed(0)
+    model, x = _BNNet(), torch.randn(8, 16)
+    ref = copy.deepcopy(model)
+    backend = LortBackend({"executor": "auto"})
+    cm = torch.compile(model, backend=backend)
+    for step in range(3):  # the timing ran on copies: buffers and grads as in eager
+        out, out_ref = cm(x), ref(x)
+        out.pow(2).sum().backward()
+        out_ref.pow(2).sum().backward()
+        torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean, rtol=1e-5, atol=1e-6)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    assert model.bn.num_batches_tracked.item() == ref.bn.num_batches_tracked.item() == 3
+    before = lort.stats.ort_runs
+    cm(x).sum().backward()
+    report = lort.ExplainReport(backend.records)
+    if eager_faster:
+        assert lort.stats.ort_runs == before
+        assert {r.executor for r in backend.records} == {"pytorch"}
+        assert report.ort_nodes == 0 and report.torch_nodes > 0
+        assert all("whole graph ran faster in eager PyTorch" in why for _, why in report.fallbacks)
+        assert "runs through eager PyTorch (timed 1000.000 ms lort, 500.000 ms eager)" in str(report)
+    else:
+        assert lort.stats.ort_runs > before
+        assert {r.executor for r in backend.records} == {"lort"} and report.ort_nodes > 0
+        assert "runs through lort (timed 500.000 ms lort, 1000.000 ms eager)" in str(report)
+    assert [r.kind for r in backend.records] == ["forward", "backward"]
+
+
+def test_whole_graph_timing_leaves_inputs_and_random_state_alone():
+    def fn(buf, w, x):
+        buf.add_(1.0)  # an in-place buffer update, as batch norm's running stats
+        return (x @ w + torch.rand(x.shape[0], w.shape[1])).sum(), buf * 2
+
+    buf, w, x = torch.zeros(3), torch.randn(4, 5, requires_grad=True), torch.randn(2, 4)
+    state = torch.get_rng_state()
+    times = graph_choice.time_candidates({"a": fn, "b": fn}, [buf, w, x])
+    assert set(times) == {"a", "b"}
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(buf, torch.zeros(3)) and w.grad is None
+
+
+def test_whole_graph_choice_is_kept_in_the_disk_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        graph_choice, "time_candidates", lambda candidates, inputs: {"lort": 1.0, "pytorch": 0.5}
+    )
+    opts = {"executor": "auto", "disk_cache": True, "cache_dir": str(tmp_path)}
+    torch.manual_seed(0)
+    model, x = _BNNet().eval(), torch.randn(8, 16)
+    with torch.no_grad():
+        cold = LortBackend(opts)
+        torch.compile(model, backend=cold)(x)
+        assert [r.kind for r in cold.records] == ["inference"]
+        torch._dynamo.reset()
+        monkeypatch.setattr(graph_choice, "time_candidates", None)  # a warm compile times nothing
+        warm = LortBackend(opts)
+        out = torch.compile(model, backend=warm)(x)
+        torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+    # Nothing was captured by AOTAutograd or translated: the graph runs as Dynamo gave it.
+    assert [(r.kind, r.executor) for r in warm.records] == [("graph", "pytorch")]
+    assert "read from the disk cache" in warm.records[0].fallbacks[0][1]

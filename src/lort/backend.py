@@ -18,7 +18,7 @@ from .diagnostics.report import GraphRecord
 from .errors import LortError, SessionCreationError, TranslationError
 from .fusion import fuser, support
 from .options import Options
-from .runtime import disk_cache, providers
+from .runtime import disk_cache, graph_choice, providers
 from .runtime.group import OrtGroup
 from .translate import onnx_export
 
@@ -45,12 +45,25 @@ class LortBackend:
         self._count = 0
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        entries = autograd_function.entries_in(gm)
+        timed = self._times_whole_graph(example_inputs, entries)
+        cache = disk_cache.for_options(self.options) if timed else None
+        choice_key = disk_cache.inputs_key(gm, example_inputs, self.options, "graph executor") if cache else None
+        choice = cache.load_record(choice_key) if cache else None
+        if choice and choice.get("executor") == "pytorch":
+            self._record_eager_graph(gm, choice.get("times", {}), cached=True)
+            return gm.forward
+        first_record = len(self.records)
         with autograd_function.capturing():
             decomps = decompositions.table(
                 self.options.decompose_conv_backward, decompositions.implemented_names(self.options)
             )
             compiled = aot_backend(self.compile_graph, decomps)(gm, example_inputs)
-        entries = autograd_function.entries_in(gm)
+        if timed and not choice:
+            # Timed on the first call (Dynamo's compile context is no place to run the
+            # graph and compile its backward), then fixed.
+            own = self.records[first_record:]
+            compiled = _ChooseOnFirstCall(self, gm, compiled, own, cache, choice_key)
         if entries:
             # Opaque autograd.Function calls: their entries (non-tensor arguments) live as
             # long as the compiled callable.
@@ -64,6 +77,23 @@ class LortBackend:
 
                 compiled._lort_opaque_entries = entries
         return compiled
+
+    def _times_whole_graph(self, example_inputs: list, entries) -> bool:
+        """executor="auto" also weighs the whole graph against eager PyTorch (on CPU,
+        where it can be timed; never with opaque autograd.Functions, whose side effects,
+        collectives say, must not run at compile time)."""
+        opts = self.options
+        if opts.executor != "auto" or opts.mode != "ort" or entries:
+            return False
+        tensors = [a for a in example_inputs if isinstance(a, torch.Tensor)]
+        return bool(tensors) and all(a.device.type == "cpu" for a in tensors)
+
+    def _record_eager_graph(self, gm: torch.fx.GraphModule, times: dict, cached: bool) -> None:
+        self._count += 1
+        record = GraphRecord(kind="graph", name=f"g{self._count}_graph", graph_module=gm)
+        record.ran_whole_in_pytorch(times, cached=cached)
+        self.records.append(record)
+        logger.info("lort: %s runs in eager PyTorch (%s)", record.name, "choice read from the disk cache")
 
     # -- one ATen graph ------------------------------------------------------------
     def compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str) -> Callable:
@@ -194,6 +224,45 @@ class LortBackend:
         if self.options.fallback == "raise":
             raise error(msg)
         warnings.warn(msg, stacklevel=4)
+
+
+class _ChooseOnFirstCall:
+    """executor="auto" for a whole graph: on the first call, lort's compiled graph and
+    eager PyTorch are timed (runtime/graph_choice.py); every call then goes to the
+    faster, and the records say which."""
+
+    def __init__(self, backend: LortBackend, gm, compiled, records: list, cache, key):
+        self._backend, self._gm, self._compiled = backend, gm, compiled
+        self._records, self._cache, self._key = records, cache, key
+        self._fn = None
+
+    def __call__(self, *args):
+        fn = self._fn
+        if fn is None:
+            fn = self._fn = self._choose(list(args))
+        return fn(*args)
+
+    def _choose(self, args: list) -> Callable:
+        compiled, eager = self._compiled, self._gm.forward
+        before = len(self._backend.records)
+        times = graph_choice.time_candidates({"lort": compiled, "pytorch": eager}, args)
+        # The timing ran this graph's backward, compiling it: its record is this graph's.
+        self._records += self._backend.records[before:]
+        executor = "pytorch" if times and times["pytorch"] < graph_choice.MARGIN * times["lort"] else "lort"
+        if self._cache is not None and times:
+            self._cache.store_record(self._key, {"executor": executor, "times": times})
+        if executor == "lort":
+            for record in self._records:
+                record.executor_times = dict(times or {})
+            return compiled
+        for record in self._records:
+            record.ran_whole_in_pytorch(times)
+        logger.info(
+            "lort: graph runs in eager PyTorch: %.3f ms there vs %.3f ms through lort",
+            times["pytorch"] * 1e3, times["lort"] * 1e3,
+        )
+        self._compiled = None  # its ORT sessions go
+        return eager
 
 
 def lort_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Any = None) -> Callable:

@@ -47,6 +47,29 @@ class GraphRecord:
     torch_nodes: int = 0
     fallbacks: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     group_modules: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: "lort", or "pytorch" when executor="auto" found the whole graph faster in eager
+    #: PyTorch (see runtime/graph_choice.py), with the timings in seconds.
+    executor: str = "lort"
+    executor_times: dict = dataclasses.field(default_factory=dict)
+
+    def ran_whole_in_pytorch(self, times: dict, cached: bool = False) -> None:
+        """The graph this record belongs to runs in eager PyTorch: nothing of it in ORT."""
+        self.executor, self.executor_times = "pytorch", dict(times)
+        if times:
+            why = (
+                f"the whole graph ran faster in eager PyTorch ({times['pytorch'] * 1e3:.3f} ms vs "
+                f"{times['lort'] * 1e3:.3f} ms through lort; executor='auto')"
+            )
+        else:
+            why = "the whole graph ran faster in eager PyTorch (executor='auto')"
+        if cached:
+            why += ", read from the disk cache"
+        nodes = [n for n in self.graph_module.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+        self.fallbacks = [(_describe_target(n), why) for n in nodes if n.target is not operator.getitem]
+        self.torch_nodes, self.ort_nodes = len(self.fallbacks), 0
+        for g in self.groups:
+            g.executor = "pytorch"
+        self.group_modules, self.partitioned = {}, None  # their ORT sessions are freed
 
     def set_result(self, groups, modules, unsupported) -> None:
         from ..fusion.support import op_name
@@ -99,6 +122,14 @@ class GraphRecord:
         )
 
 
+def _describe_target(node: torch.fx.Node) -> str:
+    from ..fusion.support import op_name
+
+    if node.op == "call_function":
+        return op_name(node)
+    return f"{node.op} {node.target}"
+
+
 class ExplainReport:
     """What ran where: returned by ``lort.explain``."""
 
@@ -139,7 +170,12 @@ class ExplainReport:
             f"{'graph':<24} {'kind':<10} {'groups':>6} {'ort':>6} {'torch':>6}",
         ]
         for r in self.records:
-            lines.append(f"{r.name:<24} {r.kind:<10} {len(r.groups):>6} {r.ort_nodes:>6} {r.torch_nodes:>6}")
+            line = f"{r.name:<24} {r.kind:<10} {len(r.groups):>6} {r.ort_nodes:>6} {r.torch_nodes:>6}"
+            if r.executor_times:
+                t = r.executor_times
+                where = "eager PyTorch" if r.executor == "pytorch" else "lort"
+                line += f"  runs through {where} (timed {t['lort'] * 1e3:.3f} ms lort, {t['pytorch'] * 1e3:.3f} ms eager)"
+            lines.append(line)
         if self.groups:
             lines += ["", f"{'group':<28} {'nodes':>6} {'inputs':>7} {'outputs':>8} {'threads':>8}  ORT fusions"]
             for g in self.groups:

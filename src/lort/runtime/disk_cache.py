@@ -10,6 +10,7 @@ removing the least recently used entries.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -105,6 +106,17 @@ def graph_key(gm: torch.fx.GraphModule, options: Options, what: str = "group") -
     h.update(gm.code.encode())
     for n in gm.graph.nodes:
         h.update(f"{n.name}:{_describe(n.meta.get('val'))};".encode())
+    return h.hexdigest()
+
+
+def inputs_key(gm: torch.fx.GraphModule, example_inputs: list, options: Options, what: str) -> str:
+    """A hash of a Dynamo graph, the metadata of its inputs, the options and versions."""
+    h = hashlib.sha256()
+    h.update(repr((what, _versions(), dataclasses.astuple(options), torch.get_num_threads())).encode())
+    h.update(gm.code.encode())
+    for a in example_inputs:
+        h.update(f"{_describe(a)}:{getattr(a, 'requires_grad', None)};".encode())
+    h.update(repr(torch.is_grad_enabled()).encode())
     return h.hexdigest()
 
 

@@ -1,0 +1,92 @@
+"""executor="auto" for a whole graph: lort's compiled graph against eager PyTorch.
+
+AOTAutograd's decomposed graphs can run slower than the eager module even when every
+group is placed where it runs fastest: eager calls PyTorch's fused kernels (layer norm
+backward, softmax backward, the encoder layer's fast path), the decomposed graph runs
+them as chains of small ops. So at compile time both are timed on the graph's own inputs
+(forward, and backward when the graph trains); where eager is faster by more than the
+margin, the graph runs in eager PyTorch and the report says so.
+
+The timing runs on clones of the inputs and restores the RNG state, so parameters,
+buffers (batch norm's running stats) and random streams are as if it never ran.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+logger = logging.getLogger("lort")
+
+#: Eager must be this much faster (time ratio) to take the graph.
+MARGIN = 0.9
+#: Timing budget per candidate, in seconds (at least MIN_SAMPLES samples each).
+BUDGET_S = 0.5
+MIN_SAMPLES = 3
+MAX_SAMPLES = 7
+
+
+def trains(example_inputs: list) -> bool:
+    """Whether the graph's call records autograd (AOTAutograd then compiles a backward)."""
+    return torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in example_inputs
+    )
+
+
+def _clone(a):
+    """A copy the timing runs may mutate. Leaves that require grad (parameters) are
+    used as they are: a graph cannot modify them in place (autograd forbids it), and
+    gradients are taken with autograd.grad, which leaves their .grad alone; not
+    copying them keeps the timing from doubling the model's memory."""
+    if not isinstance(a, torch.Tensor) or (a.requires_grad and a.is_leaf):
+        return a
+    c = a.detach().clone()  # clone keeps a dense tensor's strides
+    if a.requires_grad:
+        c.requires_grad_(True)
+    return c
+
+
+def _step(fn: Callable, args: list, train: bool) -> None:
+    outs = fn(*args)
+    if not train:
+        return
+    outs = outs if isinstance(outs, (tuple, list)) else [outs]
+    ts = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    if ts and leaves:
+        torch.autograd.grad(ts, leaves, [torch.ones_like(t) for t in ts], allow_unused=True)
+
+
+def time_candidates(candidates: dict[str, Callable], example_inputs: list) -> dict[str, float] | None:
+    """Median seconds of a call (with its backward when the graph trains) of each
+    candidate, sampled round-robin on clones of ``example_inputs``; None if one fails
+    (the caller then keeps lort's graph)."""
+    train = trains(example_inputs)
+    rng = torch.get_rng_state()
+    try:
+        args = [_clone(a) for a in example_inputs]
+        samples: dict[str, list[float]] = {name: [] for name in candidates}
+        for fn in candidates.values():  # warm-up: lazy compiles (the backward), caches
+            _step(fn, args, train)
+            _step(fn, args, train)
+        spent = 0.0
+        while True:
+            for name, fn in candidates.items():
+                t0 = time.perf_counter()
+                _step(fn, args, train)
+                elapsed = time.perf_counter() - t0
+                samples[name].append(elapsed)
+                spent += elapsed
+            n = len(next(iter(samples.values())))
+            if n >= MAX_SAMPLES or (n >= MIN_SAMPLES and spent > BUDGET_S * len(candidates)):
+                break
+        return {name: statistics.median(v) for name, v in samples.items()}
+    except Exception as e:  # noqa: BLE001 - a timing failure must not fail compilation
+        logger.info("lort: whole-graph timing failed (%s); keeping lort's graph", e)
+        return None
+    finally:
+        torch.set_rng_state(rng)
