@@ -68,7 +68,8 @@ def make_runner(name, scenario, backend):
     elif backend == "inductor":
         fn = torch.compile(model)
     else:
-        fn = torch.compile(model, backend="lort")
+        fn_backend = lort.LortBackend()
+        fn = torch.compile(model, backend=fn_backend)
     if kind == "inference":
         def step():
             with torch.no_grad():
@@ -81,6 +82,8 @@ def make_runner(name, scenario, backend):
                 p.grad = None
             out = output_tensor(fn(*args))
             out.float().pow(2).mean().backward()
+    if backend == "lort":
+        step.backend = fn_backend
     return step
 
 
@@ -97,10 +100,23 @@ def run(models, scenarios, min_time):
                 firsts[backend] = time.perf_counter() - t0
                 steps[backend] = step
             times = timed_interleaved(steps, min_time * len(BACKENDS))
-            row = dict(model=name, scenario=scenario, times=times, firsts=firsts)
+            row = dict(model=name, scenario=scenario, times=times, firsts=firsts, where=where_lort_ran(steps["lort"]))
             rows.append(row)
             print(format_row(row), flush=True)
     return rows
+
+
+def where_lort_ran(step) -> str:
+    """Where lort ran the model: ORT (with how many of its groups executor='auto' moved
+    to PyTorch), or eager PyTorch for graphs it timed faster there."""
+    records = step.backend.records
+    eager = sum(r.executor == "pytorch" for r in records)
+    if records and eager == len(records):
+        return "eager"
+    groups = [g for r in records if r.executor != "pytorch" for g in r.groups]
+    moved = sum(g.executor == "pytorch" for g in groups)
+    where = "ORT" if not moved else f"ORT, {moved}/{len(groups)} groups PyTorch"
+    return where if not eager else f"{where}; {eager}/{len(records)} graphs eager"
 
 
 def format_row(row):
@@ -108,13 +124,13 @@ def format_row(row):
     return (
         f"| {row['model']:<12} | {row['scenario']:<7} | {t['eager'] * 1e3:9.3f} | {t['inductor'] * 1e3:9.3f} | "
         f"{t['lort'] * 1e3:9.3f} | {t['eager'] / t['lort']:6.2f}x | {t['inductor'] / t['lort']:6.2f}x | "
-        f"{row['firsts']['inductor']:7.1f} | {row['firsts']['lort']:7.1f} |"
+        f"{row['firsts']['inductor']:7.1f} | {row['firsts']['lort']:7.1f} | {row['where']} |"
     )
 
 
 HEADER = (
-    "| model        | run     |  eager ms | inductor ms |  lort ms | lort vs eager | lort vs inductor | inductor 1st call s | lort 1st call s |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    "| model        | run     |  eager ms | inductor ms |  lort ms | lort vs eager | lort vs inductor | inductor 1st call s | lort 1st call s | lort ran in |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
 )
 
 
