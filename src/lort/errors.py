@@ -41,3 +41,8 @@ class MismatchError(LortError, AssertionError):
 
 class CaptureError(LortError):
     """lort.ORTModule could not capture or compile a module (fallback policy 'raise')."""
+
+
+class OpaqueFunctionError(LortError):
+    """An autograd.Function run opaquely misbehaved (e.g. its outputs at run time differ
+    from those seen at capture time)."""

@@ -47,16 +47,11 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
-from ..errors import LortError, UnsupportedVersionError
+from ..errors import OpaqueFunctionError, UnsupportedVersionError
 
 logger = logging.getLogger("lort")
 
 __all__ = ["is_capturing", "capturing", "install", "entries_in", "OpaqueFunctionError", "opaque_functions"]
-
-
-class OpaqueFunctionError(LortError):
-    """An autograd.Function run opaquely misbehaved (e.g. its outputs at run time differ
-    from those seen at capture time)."""
 
 
 # -- is_capturing ------------------------------------------------------------------------
