@@ -482,3 +482,33 @@ def test_whole_graph_choice_is_kept_in_the_disk_cache(tmp_path, monkeypatch):
     # Nothing was captured by AOTAutograd or translated: the graph runs as Dynamo gave it.
     assert [(r.kind, r.executor) for r in warm.records] == [("graph", "pytorch")]
     assert "read from the disk cache" in warm.records[0].fallbacks[0][1]
+
+
+def _spinning(backend):
+    return [m.options.allow_spinning for r in backend.records for m in r.group_modules.values()]
+
+
+def test_ort_threads_spin_only_in_an_inference_graph_that_is_one_group():
+    x, w = inputs()
+    with torch.no_grad():
+        alone = LortBackend()
+        torch.compile(f, backend=alone)(x, w)
+        torch._dynamo.reset()
+        forced_off = LortBackend({"allow_spinning": False})
+        torch.compile(f, backend=forced_off)(x, w)
+        torch._dynamo.reset()
+
+        def hybrid(x, w):  # random ops stay in PyTorch: the graph is not one group
+            y = torch.relu(x @ w)
+            return (y + torch.rand_like(y)).softmax(-1)
+
+        mixed = LortBackend()
+        torch.compile(hybrid, backend=mixed)(x, w)
+    torch._dynamo.reset()
+    training = LortBackend()
+    torch.compile(f, backend=training)(x.requires_grad_(), w).sum().backward()
+    assert _spinning(alone) == [True]
+    assert _spinning(forced_off) == [False]
+    assert mixed.records[0].torch_nodes > 0 and set(_spinning(mixed)) == {False}
+    assert [r.kind for r in training.records] == ["forward", "backward"]
+    assert set(_spinning(training)) == {False}

@@ -99,6 +99,7 @@ def graph_key(gm: torch.fx.GraphModule, options: Options, what: str = "group") -
                 options.providers,
                 options.max_group_args,
                 options.decompose_conv_backward,
+                options.allow_spinning,
                 torch.get_num_threads(),
             )
         ).encode()
