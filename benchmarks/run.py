@@ -34,10 +34,12 @@ SCENARIOS = {"infer1": ("inference", 1), "infer8": ("inference", 8), "train": ("
 BACKENDS = ["eager", "inductor", "lort"]
 
 
-def timed_interleaved(fns: dict, min_time=1.0, repeats=11) -> dict:
+def timed_interleaved(fns: dict, min_time=1.0, repeats=11, settle_s=0.0) -> dict:
     """Median seconds per call of each function, sampled round-robin (A B C A B C ...)
     so that drift in the machine's speed affects every backend alike. Each sample is the
-    mean over enough calls to last about min_time / repeats."""
+    mean over enough calls to last about min_time / repeats. ``settle_s``: a pause after
+    each sample, untimed, so that threads still spinning after one function (ORT with
+    allow_spinning) do not slow the next."""
     inner = {}
     for name, fn in fns.items():
         for _ in range(3):
@@ -54,6 +56,8 @@ def timed_interleaved(fns: dict, min_time=1.0, repeats=11) -> dict:
             for _ in range(n):
                 fn()
             samples[name].append((time.perf_counter() - t0) / n)
+            if settle_s:
+                time.sleep(settle_s)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 

@@ -92,7 +92,8 @@ def run(models, scenarios, min_time):
                 if not backend.records:
                     raise RuntimeError(f"{name} {scenario}: variant {v} compiled no graph of its own")
                 steps[v], backends[v] = step, backend
-            times = timed_interleaved(steps, min_time * len(steps))
+            # A pause after each sample: variant d's spinning threads must not slow the next.
+            times = timed_interleaved(steps, min_time * len(steps), settle_s=0.05)
             row = dict(
                 model=name,
                 scenario=scenario,
@@ -163,8 +164,9 @@ def main(argv=None):
         "- c: `intra_op_num_threads=1`",
         "- d: `intra_op_num_threads=2, allow_spinning=True`",
         "",
-        "a, b and c leave `allow_spinning` at its default (None: spinning only where the whole graph is one",
-        "ORT group). Times are the median of 11 samples per variant, taken round-robin with eager; in",
+        "a, b and c leave `allow_spinning` at its default (False). Times are the median of 11 samples per",
+        "variant, taken round-robin with eager, with a 50 ms pause after each sample so that d's spinning",
+        "threads do not slow the variant timed next; in",
         "brackets the speed-up over eager (eager time / variant time, above 1 = faster than eager).",
         "infer1/infer8: inference under no_grad at batch 1 / 8; train: forward + backward at batch 8.",
         "ORT groups / ATen nodes in PyTorch: over all of variant a's graphs (nodes in PyTorch > 0 = hybrid",

@@ -484,31 +484,19 @@ def test_whole_graph_choice_is_kept_in_the_disk_cache(tmp_path, monkeypatch):
     assert "read from the disk cache" in warm.records[0].fallbacks[0][1]
 
 
-def _spinning(backend):
-    return [m.options.allow_spinning for r in backend.records for m in r.group_modules.values()]
 
-
-def test_ort_threads_spin_only_in_an_inference_graph_that_is_one_group():
+def test_ort_threads_spin_only_when_asked():
+    """Spinning threads steal the cores of the PyTorch code that follows (measured in
+    benchmarks/threads.md): off unless allow_spinning=True."""
     x, w = inputs()
-    with torch.no_grad():
-        alone = LortBackend()
-        torch.compile(f, backend=alone)(x, w)
+    spins = {}
+    for opt in (None, True):
         torch._dynamo.reset()
-        forced_off = LortBackend({"allow_spinning": False})
-        torch.compile(f, backend=forced_off)(x, w)
-        torch._dynamo.reset()
-
-        def hybrid(x, w):  # random ops stay in PyTorch: the graph is not one group
-            y = torch.relu(x @ w)
-            return (y + torch.rand_like(y)).softmax(-1)
-
-        mixed = LortBackend()
-        torch.compile(hybrid, backend=mixed)(x, w)
-    torch._dynamo.reset()
-    training = LortBackend()
-    torch.compile(f, backend=training)(x.requires_grad_(), w).sum().backward()
-    assert _spinning(alone) == [True]
-    assert _spinning(forced_off) == [False]
-    assert mixed.records[0].torch_nodes > 0 and set(_spinning(mixed)) == {False}
-    assert [r.kind for r in training.records] == ["forward", "backward"]
-    assert set(_spinning(training)) == {False}
+        backend = LortBackend({} if opt is None else {"allow_spinning": opt})
+        with torch.no_grad():
+            torch.compile(f, backend=backend)(x, w)
+        spins[opt] = [m.options.allow_spinning for r in backend.records for m in r.group_modules.values()]
+        sess = next(iter(next(iter(backend.records[0].group_modules.values())).sessions.values()))
+        entry = sess.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+        assert entry == ("1" if opt else "0")
+    assert spins == {None: [False], True: [True]}

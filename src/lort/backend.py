@@ -113,7 +113,7 @@ class LortBackend:
                         reason = self._device_reason(node)
                     if reason is not None:
                         unsupported[node] = reason
-        groups, modules = self._fuse_and_prepare(gm, unsupported, prefix, kind)
+        groups, modules = self._fuse_and_prepare(gm, unsupported, prefix)
         if cache and not cached:
             cache.store_record(plan_key, {"unsupported": {n.name: r for n, r in unsupported.items()}})
         record.set_result(groups, modules, unsupported)
@@ -159,23 +159,17 @@ class LortBackend:
                 return providers.device_check(v.device)
         return None
 
-    def _fuse_and_prepare(self, gm, unsupported, prefix, kind="inference"):
+    def _fuse_and_prepare(self, gm, unsupported, prefix):
         opts = self.options
-        calls = sum(1 for n in gm.graph.nodes if n.op == "call_function")
         for _ in range(_MAX_REFUSE):
             groups = fuser.find_groups(
                 gm.graph, lambda n: n not in unsupported, opts.max_group_args, prefix=prefix
             )
             modules: dict[str, OrtGroup] = {}
             found_new = False
-            # allow_spinning=None: ORT's threads spin only in an inference graph that is
-            # one ORT group; anywhere else they would steal the cores of the PyTorch ops
-            # that follow (measured in benchmarks/threads.md).
-            alone = kind == "inference" and len(groups) == 1 and len(groups[0].nodes) == calls
-            group_opts = opts if opts.allow_spinning is not None else dataclasses.replace(opts, allow_spinning=alone)
             for grp in groups:
                 sub, where = fuser.build_group_module(gm, grp)
-                mod = OrtGroup(grp.name, sub, where, group_opts)
+                mod = OrtGroup(grp.name, sub, where, opts)
                 if opts.mode != "pytorch":
                     try:
                         mod.prepare()

@@ -88,10 +88,10 @@ class Options:
     #: Apply onnxscript's ORT fusion rewrites (GELU, skip layer norm, attention, fused
     #: matmul, ...) to each group before ORT's own optimizations.
     ort_fusions: bool = True
-    #: Let ORT's thread pool spin after a run. None decides per graph: spinning only in
-    #: an inference graph that is one ORT group (spinning threads steal the cores of the
-    #: PyTorch ops that follow: a resnet18 training step took 7x longer with it).
-    allow_spinning: bool | None = None
+    #: Let ORT's thread pool spin after a run. Faster back-to-back ORT runs, but the
+    #: spinning threads steal the cores of whatever PyTorch runs next (a resnet18 training
+    #: step took 7x longer with it; see benchmarks/threads.md), so it is opt-in.
+    allow_spinning: bool = False
     #: Write convolution_backward as convolutions so it runs in ORT. Off by default:
     #: slower than PyTorch's kernels on CPU (see lort/capture/decompositions.py).
     decompose_conv_backward: bool = False
