@@ -81,8 +81,8 @@ class Options:
     #: PyTorch on inputs of its real shapes, and runs in PyTorch when that is more than
     #: 10% faster (explain reports the times); then, on its first call on CPU, the whole
     #: compiled graph (forward and backward) is timed against eager PyTorch running the
-    #: Dynamo graph, and the graph runs in eager PyTorch when that is faster. "ort": every group in ORT, no timing. Debug mode always runs ORT.
-    #: Env LORT_EXECUTOR.
+    #: Dynamo graph, and the graph runs in eager PyTorch when that is faster. "ort":
+    #: every group in ORT, no timing. Debug mode always runs ORT. Env LORT_EXECUTOR.
     executor: str = dataclasses.field(default_factory=lambda: _env_str(ENV_EXECUTOR, "auto"))
     #: Apply onnxscript's ORT fusion rewrites (GELU, skip layer norm, attention, fused
     #: matmul, ...) to each group before ORT's own optimizations.
