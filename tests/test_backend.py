@@ -500,3 +500,23 @@ def test_ort_threads_spin_only_when_asked():
         entry = sess.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
         assert entry == ("1" if opt else "0")
     assert spins == {None: [False], True: [True]}
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_sessions_share_one_cpu_arena_unless_asked_not_to(share):
+    """share_cpu_arena (default True): every session allocates from one ORT arena in the
+    process (benchmarks/memory.md measures the peak it saves); results stay eager's."""
+    x, w = inputs()
+    backend = LortBackend({"share_cpu_arena": share})
+    with torch.no_grad():
+        got = torch.compile(f, backend=backend)(x, w)
+    torch.testing.assert_close(got, f(x, w), rtol=1e-5, atol=1e-6)
+    sessions = [s for r in backend.records for m in r.group_modules.values() for s in m.sessions.values()]
+    assert sessions
+    for sess in sessions:
+        so = sess.session.get_session_options()
+        if share:
+            assert so.get_session_config_entry("session.use_env_allocators") == "1"
+        else:
+            with pytest.raises(RuntimeError, match="does not have configuration"):  # never set
+                so.get_session_config_entry("session.use_env_allocators")

@@ -91,6 +91,10 @@ class Options:
     #: spinning threads steal the cores of whatever PyTorch runs next (a resnet18 training
     #: step took 7x longer with it; see benchmarks/threads.md), so it is opt-in.
     allow_spinning: bool = False
+    #: Every lort session on CPU allocates from one ORT arena shared by the process,
+    #: instead of an arena per session that keeps its peak for good: a resnet18 training
+    #: step's peak RSS grew by 346 MiB instead of 429 (benchmarks/memory.md).
+    share_cpu_arena: bool = True
     #: Write convolution_backward as convolutions so it runs in ORT. Off by default:
     #: slower than PyTorch's kernels on CPU (see lort/capture/decompositions.py).
     decompose_conv_backward: bool = False

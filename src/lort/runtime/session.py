@@ -54,8 +54,32 @@ class _Stats:
 stats = _Stats()
 
 
+_arena_lock = threading.Lock()
+_arena_registered: bool | None = None  # None: not tried yet
+
+
+def _shared_cpu_arena() -> bool:
+    """Register, once per process, a CPU arena in ORT's environment that sessions built
+    with ``session.use_env_allocators`` share. False if ORT refused it (sessions then
+    keep their own arenas)."""
+    global _arena_registered
+    with _arena_lock:
+        if _arena_registered is None:
+            info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+            try:
+                # max_mem 0 and -1 for the rest: ORT's defaults for an arena.
+                ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
+                _arena_registered = True
+            except Exception as e:  # e.g. the application registered one already
+                logger.info("lort: no shared CPU arena (%s); each session keeps its own", e)
+                _arena_registered = False
+        return _arena_registered
+
+
 def session_options(options: Options, threads: int | None = None, quiet: bool = False) -> ort.SessionOptions:
     so = ort.SessionOptions()
+    if options.share_cpu_arena and _shared_cpu_arena():
+        so.add_session_config_entry("session.use_env_allocators", "1")
     so.graph_optimization_level = _LEVELS[options.graph_optimization_level]
     so.intra_op_num_threads = threads or options.intra_op_num_threads or torch.get_num_threads()
     so.inter_op_num_threads = 1
