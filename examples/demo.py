@@ -1,7 +1,9 @@
 """lort demo: train and run a small BERT (random weights) through ONNX Runtime.
 
-Prints what ran where (ORT groups vs PyTorch), checks the losses against eager PyTorch,
-and times inference and training steps against eager.
+Trains with every fusion group in ORT (executor="ort") and checks the losses against
+eager PyTorch, prints what ran where, then shows what lort's default (executor="auto",
+which times ORT against eager PyTorch and keeps the faster) chooses, and times training
+and inference against eager.
 """
 
 import copy
@@ -24,19 +26,21 @@ def timeit(fn, repeats=15):
     return statistics.median(samples)
 
 
+def where(backend):
+    """Where each captured graph ran: ORT groups, or eager PyTorch (executor='auto')."""
+    parts = []
+    for r in backend.records:
+        if r.executor == "pytorch":
+            parts.append(f"{r.kind}: eager PyTorch")
+        else:
+            parts.append(f"{r.kind}: {r.ort_nodes}/{r.ort_nodes + r.torch_nodes} ATen nodes in ORT")
+    return "; ".join(parts)
+
+
 def main():
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     model, (ids, mask) = bert(batch=4, seq=32, layers=2, hidden=64)
     print(f"model: transformers BertModel, 2 layers, hidden 64, random weights; input {tuple(ids.shape)}")
-
-    report = lort.explain(model, ids, mask)
-    print(report)
-
-    # Training: 10 AdamW steps, eager and lort side by side.
-    eager_model, lort_model = model, copy.deepcopy(model)
-    compiled = torch.compile(lort_model, backend="lort")
-    opt_e = torch.optim.AdamW(eager_model.parameters(), lr=1e-3)
-    opt_l = torch.optim.AdamW(lort_model.parameters(), lr=1e-3)
 
     def train_step(m, opt):
         opt.zero_grad()
@@ -45,31 +49,55 @@ def main():
         opt.step()
         return loss.item()
 
-    print("\nstep  eager loss   lort loss")
+    # Training through ORT: every group of the forward and backward graphs in ORT.
+    eager_model, ort_model, auto_model = model, copy.deepcopy(model), copy.deepcopy(model)
+    ort_backend = lort.LortBackend({"executor": "ort"})
+    ort_compiled = torch.compile(ort_model, backend=ort_backend)
+    opt_e = torch.optim.AdamW(eager_model.parameters(), lr=1e-3)
+    opt_o = torch.optim.AdamW(ort_model.parameters(), lr=1e-3)
+    print("\ntraining, every group in ORT (executor='ort'): 10 AdamW steps against eager")
+    print("step  eager loss   lort loss")
     for step in range(10):
-        le, ll = train_step(eager_model, opt_e), train_step(compiled, opt_l)
-        print(f"{step:>4}  {le:.6f}   {ll:.6f}")
-        assert abs(le - ll) <= 1e-3 * abs(le) + 1e-6, "lort's loss differs from eager's"
+        le, lo = train_step(eager_model, opt_e), train_step(ort_compiled, opt_o)
+        print(f"{step:>4}  {le:.6f}   {lo:.6f}")
+        assert abs(le - lo) <= 1e-3 * abs(le) + 1e-6, "lort's loss differs from eager's"
+    print()
+    print(lort.ExplainReport(ort_backend.records))
+
+    # lort's default: executor="auto" keeps each graph where it timed faster.
+    auto_backend = lort.LortBackend()
+    auto_compiled = torch.compile(auto_model, backend=auto_backend)
+    opt_a = torch.optim.AdamW(auto_model.parameters(), lr=1e-3)
+    train_step(auto_compiled, opt_a)
+    print(f"\ntraining with the default executor='auto': {where(auto_backend)}")
 
     t_train_e = timeit(lambda: train_step(eager_model, opt_e))
-    t_train_l = timeit(lambda: train_step(compiled, opt_l))
+    t_train_o = timeit(lambda: train_step(ort_compiled, opt_o))
+    t_train_a = timeit(lambda: train_step(auto_compiled, opt_a))
 
-    # Inference at batch 1.
+    # Inference at batch 1, lort's default.
     one_ids, one_mask = ids[:1], mask[:1]
     eager_model.eval()
-    lort_model.eval()
-    infer = torch.compile(lort_model, backend="lort")
+    auto_model.eval()
+    infer_backend = lort.LortBackend()
+    infer = torch.compile(auto_model, backend=infer_backend)
     with torch.no_grad():
-        ref = output_tensor(lort_model(one_ids, one_mask))  # the same weights, eager
+        ref = output_tensor(auto_model(one_ids, one_mask))  # the same weights, eager
         out = output_tensor(infer(one_ids, one_mask))
         err = (out - ref).abs().max().item()
         assert err < 1e-4, f"lort inference differs from eager by {err}"
         t_inf_e = timeit(lambda: eager_model(one_ids, one_mask), 50)
         t_inf_l = timeit(lambda: infer(one_ids, one_mask), 50)
-    print(f"\ninference batch 1: max abs diff vs eager (same weights) {err:.2e}")
-    print(f"{'':<22}{'eager ms':>10}{'lort ms':>10}{'speed-up':>10}")
-    print(f"{'train step (batch 4)':<22}{t_train_e * 1e3:>10.2f}{t_train_l * 1e3:>10.2f}{t_train_e / t_train_l:>9.2f}x")
-    print(f"{'inference (batch 1)':<22}{t_inf_e * 1e3:>10.2f}{t_inf_l * 1e3:>10.2f}{t_inf_e / t_inf_l:>9.2f}x")
+    print(f"inference batch 1 (executor='auto'): {where(infer_backend)}; max abs diff vs eager {err:.2e}")
+
+    print(f"\n{'':<34}{'eager ms':>10}{'lort ms':>10}{'speed-up':>10}")
+    rows = [
+        ("train step, all in ORT (batch 4)", t_train_e, t_train_o),
+        ("train step, auto (batch 4)", t_train_e, t_train_a),
+        ("inference, auto (batch 1)", t_inf_e, t_inf_l),
+    ]
+    for label, te, tl in rows:
+        print(f"{label:<34}{te * 1e3:>10.2f}{tl * 1e3:>10.2f}{te / tl:>9.2f}x")
     print(f"ORT sessions built: {lort.stats.sessions_created}, ORT runs: {lort.stats.ort_runs}")
 
 

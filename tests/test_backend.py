@@ -443,6 +443,11 @@ def test_executor_auto_runs_the_whole_graph_in_eager_pytorch_when_faster(monkeyp
         assert report.ort_nodes == 0 and report.torch_nodes > 0
         assert all("whole graph ran faster in eager PyTorch" in why for _, why in report.fallbacks)
         assert "runs through eager PyTorch (timed 1000.000 ms lort, 500.000 ms eager)" in str(report)
+        # One line per eager graph, not one per op with the same reason.
+        text = str(report)
+        assert "graphs run whole in eager PyTorch:" in text and "left to PyTorch" not in text
+        for r in backend.records:
+            assert f"  {r.name} ({r.torch_nodes} nodes): the whole graph ran faster in eager PyTorch" in text
     else:
         assert lort.stats.ort_runs > before
         assert {r.executor for r in backend.records} == {"lort"} and report.ort_nodes > 0

@@ -186,9 +186,17 @@ class ExplainReport:
                 lines.append(
                     f"{g.name:<28} {g.num_nodes:>6} {g.num_inputs:>7} {g.num_outputs:>8} {threads:>8}  {fusions}{where}"
                 )
-        if self.fallbacks:
+        # A graph that runs whole in eager PyTorch has one reason for all its nodes: one line.
+        eager_graphs = [r for r in self.records if r.executor == "pytorch"]
+        fallbacks = [f for r in self.records if r.executor != "pytorch" for f in r.fallbacks]
+        if eager_graphs:
+            lines += ["", "graphs run whole in eager PyTorch:"]
+            for r in eager_graphs:
+                reason = r.fallbacks[0][1] if r.fallbacks else "executor='auto'"
+                lines.append(f"  {r.name} ({r.torch_nodes} nodes): {reason}")
+        if fallbacks:
             lines += ["", "left to PyTorch:", f"{'count':>6}  {'op':<40} reason"]
-            counts = collections.Counter(self.fallbacks)
+            counts = collections.Counter(fallbacks)
             for (op, reason), c in counts.most_common():
                 lines.append(f"{c:>6}  {op:<40} {reason}")
         return "\n".join(lines)
