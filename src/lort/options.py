@@ -92,8 +92,9 @@ class Options:
     #: step took 7x longer with it; see benchmarks/threads.md), so it is opt-in.
     allow_spinning: bool = False
     #: Every lort session on CPU allocates from one ORT arena shared by the process,
-    #: instead of an arena per session that keeps its peak for good: a resnet18 training
-    #: step's peak RSS grew by 346 MiB instead of 429 (benchmarks/memory.md).
+    #: instead of an arena per session that keeps its peak for good: the peak RSS of 20
+    #: resnet18 training steps grew by 358 MiB instead of 440, resnet50's by 604 instead
+    #: of 830 (benchmarks/memory.md, before and after).
     share_cpu_arena: bool = True
     #: Write convolution_backward as convolutions so it runs in ORT. Off by default:
     #: slower than PyTorch's kernels on CPU (see lort/capture/decompositions.py).
