@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import warnings
 import weakref
 
 import numpy as np
@@ -786,6 +787,71 @@ def test_missing_dynamo_internals_fail_with_a_clear_version_error(monkeypatch):
     from torch._dynamo.variables.misc import AutogradFunctionVariable
 
     af.check_torch_internals()  # the installed torch has what lort needs
-    monkeypatch.delattr(AutogradFunctionVariable, "_resolve_kwargs")
-    with pytest.raises(lort.UnsupportedVersionError, match="_resolve_kwargs is missing"):
+    monkeypatch.delattr(AutogradFunctionVariable, "call_apply")
+    with pytest.raises(lort.UnsupportedVersionError, match="call_apply is missing"):
         af.check_torch_internals()
+
+
+def test_missing_dynamo_internals_turn_the_feature_off_not_lort(monkeypatch):
+    """torch 2.11 lacks internals of 2.13 (Dynamo's _resolve_kwargs): lort must still
+    import and run; only opaque autograd.Function support turns itself off, with one
+    warning naming the feature and the version."""
+    from torch._dynamo.variables.misc import AutogradFunctionVariable
+
+    monkeypatch.setattr(af, "_installed", False)
+    monkeypatch.setattr(af, "unavailable_reason", None)
+    monkeypatch.delattr(AutogradFunctionVariable, "call_apply")
+    with pytest.warns(UserWarning, match=r"opaque autograd.Function support is off on torch"):
+        assert af.install() is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert af.install() is False  # warned once
+    monkeypatch.undo()
+    assert AutogradFunctionVariable.call_apply._lort_wrapped  # the real install is untouched
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    before = lort.stats.ort_runs
+    got = torch.compile(lin, backend=lort.LortBackend({"executor": "ort"}))(x)
+    torch.testing.assert_close(got, lin(x), rtol=RTOL, atol=ATOL)
+    assert lort.stats.ort_runs > before
+
+
+def test_keyword_arguments_resolve_without_dynamo_internals():
+    """Opaque functions take keyword arguments through lort's own resolution (Dynamo's
+    _resolve_kwargs is not on every supported torch)."""
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, factor, shift=0.0):
+            return x * factor + shift
+
+    assert af._resolve_kwargs(Scale, ["x"], {"factor": "f"}) == ["x", "f"]
+    assert af._resolve_kwargs(Scale, ["x"], {"shift": "s", "factor": "f"}) == ["x", "f", "s"]
+    assert af._resolve_kwargs(Scale, ["x"], {"other": 1}) is None
+    with pytest.raises(TypeError, match="missing required argument: 'factor'"):
+        af._resolve_kwargs(Scale, ["x"], {"shift": "s"})
+    with pytest.raises(TypeError, match="multiple values for argument 'x'"):
+        af._resolve_kwargs(Scale, ["x"], {"x": "again"})
+
+    class ItemScale(torch.autograd.Function):  # .item(): untraceable, runs opaquely
+        @staticmethod
+        def forward(ctx, x, factor, shift=0.0):
+            ctx.factor = factor.item()
+            return x * ctx.factor + shift
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.factor, None, None
+
+    def fn(x, f):
+        return ItemScale.apply(torch.sin(x), factor=f, shift=0.5).sum()
+
+    x = torch.randn(6, requires_grad=True)
+    f = torch.tensor(3.0)
+    got = torch.compile(fn, backend=LortBackend({"executor": "ort"}))(x, f)
+    (gx,) = torch.autograd.grad(got, [x])
+    want = fn(x, f)
+    (wx,) = torch.autograd.grad(want, [x])
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(gx, wx, rtol=RTOL, atol=ATOL)
+    assert ItemScale in af.opaque_functions()

@@ -41,6 +41,7 @@ import dataclasses
 import itertools
 import logging
 import threading
+import warnings
 import weakref
 from typing import Any, Iterator, Optional
 
@@ -505,12 +506,11 @@ def _dynamo_internals():
             f"lort's autograd.Function support needs torch._dynamo internals of torch 2.13 "
             f"(torch {torch.__version__}: {e}); see lort/capture/autograd_function.py"
         ) from e
-    for cls, attr in ((AutogradFunctionVariable, "call_apply"), (AutogradFunctionVariable, "_resolve_kwargs")):
-        if not hasattr(cls, attr):
-            raise UnsupportedVersionError(
-                f"torch {torch.__version__}: {cls.__name__}.{attr} is missing; lort's autograd.Function "
-                f"support (lort/capture/autograd_function.py) needs updating"
-            )
+    if not hasattr(AutogradFunctionVariable, "call_apply"):
+        raise UnsupportedVersionError(
+            f"torch {torch.__version__}: AutogradFunctionVariable.call_apply is missing; lort's "
+            f"autograd.Function support (lort/capture/autograd_function.py) needs updating"
+        )
     return dict(
         RestartAnalysis=RestartAnalysis,
         Unsupported=Unsupported,
@@ -548,14 +548,33 @@ def is_lort_compiler(fn: Any) -> bool:
     return False
 
 
-def install() -> None:
+#: Why opaque autograd.Function support is off on this torch (None: it is on).
+unavailable_reason: str | None = None
+
+
+def install() -> bool:
     """Wraps Dynamo's autograd.Function handling (idempotent). Graphs compiled by other
-    backends see Dynamo's behaviour unchanged."""
-    global _installed, _orig_call_apply
+    backends see Dynamo's behaviour unchanged.
+
+    On a torch whose Dynamo internals moved, the feature turns itself off with one
+    warning naming it and the version; everything else in lort works, and untraceable
+    autograd.Functions graph-break as with any backend. Returns whether it is on."""
+    global _installed, _orig_call_apply, unavailable_reason
     if _installed:
-        return
-    api = _dynamo_internals()
-    check_torch_internals()
+        return True
+    if unavailable_reason is not None:
+        return False
+    try:
+        api = _dynamo_internals()
+        check_torch_internals()
+    except UnsupportedVersionError as e:
+        unavailable_reason = str(e)
+        warnings.warn(
+            f"lort: opaque autograd.Function support is off on torch {torch.__version__} ({e}); "
+            f"untraceable autograd.Functions graph-break as with other backends",
+            stacklevel=2,
+        )
+        return False
     cls = api["AutogradFunctionVariable"]
     _orig_call_apply = cls.call_apply
 
@@ -583,6 +602,7 @@ def install() -> None:
     call_apply._lort_wrapped = True
     cls.call_apply = call_apply
     _installed = True
+    return True
 
 
 def _clear_speculation_log(tx) -> None:
@@ -627,9 +647,31 @@ def _python_value(api, tx, vt) -> Any:
     )
 
 
+def _resolve_kwargs(fn_cls, args: list, kwargs: dict) -> list | None:
+    """Keyword arguments of ``fn_cls.apply`` as positional ones, as PyTorch's C++
+    ``resolve_kwargs_to_positional`` does (from forward's code object); None for
+    keyword-only arguments. lort's own copy: Dynamo's moved between torch releases."""
+    code = fn_cls.forward.__code__
+    separate_setup = fn_cls.setup_context is not torch.autograd.Function.setup_context
+    offset = 0 if separate_setup else 1
+    names = list(code.co_varnames[offset : code.co_argcount])
+    if any(name not in names for name in kwargs):
+        return None
+    for name in kwargs:
+        if names.index(name) < len(args):
+            raise TypeError(f"forward() got multiple values for argument '{name}'")
+    last = max(names.index(name) for name in kwargs)
+    result = list(args)
+    for i in range(len(args), last + 1):
+        if names[i] not in kwargs:
+            raise TypeError(f"forward() missing required argument: '{names[i]}' (position {i})")
+        result.append(kwargs[names[i]])
+    return result
+
+
 def _emit_opaque(api, self, tx, args, kwargs):
     if kwargs:
-        resolved = self._resolve_kwargs(args, kwargs)
+        resolved = _resolve_kwargs(self.fn_cls, args, kwargs)
         if resolved is None:
             api["unimplemented"](
                 gb_type="lort: opaque autograd.Function keyword-only args",
