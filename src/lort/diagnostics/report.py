@@ -111,7 +111,9 @@ class GraphRecord:
                 self.ort_nodes += 1
             else:
                 self.torch_nodes += 1
-                reason = unsupported.get(node, "left alone by the fuser (a group of views only)")
+                reason = unsupported.get(
+                    node, "left alone by the fuser (a group of views only, or over max_group_args alone)"
+                )
                 self.fallbacks.append((op_name(node), reason))
 
     def summary(self) -> str:
@@ -160,6 +162,16 @@ class ExplainReport:
     def ort_fraction(self) -> float:
         total = self.ort_nodes + self.torch_nodes
         return self.ort_nodes / total if total else 0.0
+
+    def save_html(self, path, layout: str = "auto") -> str:
+        """Write one self-contained HTML page (inline CSS and SVG, no URL) drawing each
+        captured graph, ORT groups as coloured boxes, nodes left to PyTorch with their
+        reasons, and per group its inputs, outputs, threads, executor, times, ORT fusions
+        and disk-cache origin. ``layout``: "auto" (graphviz's ``dot`` where installed,
+        else networkx), "dot" or "networkx". Returns ``path``."""
+        from .html import write
+
+        return write(self, path, layout)
 
     def __str__(self) -> str:
         lines = [

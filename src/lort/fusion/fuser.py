@@ -62,8 +62,61 @@ def _mutated_args(node: torch.fx.Node) -> list[torch.fx.Node]:
     return out
 
 
+def _aliased_input(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The input whose storage ``node``'s output shares (a view, an in-place op's
+    result, an item of a list of views), or None."""
+    if node.op != "call_function":
+        return None
+    target = node.target
+    if target is operator.getitem:
+        src = node.args[0]
+        if isinstance(src, torch.fx.Node) and isinstance(src.target, torch._ops.OpOverload):
+            if any(r.alias_info is not None for r in src.target._schema.returns):
+                return src
+        return None
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    schema = target._schema
+    sets = set()
+    for r in schema.returns:
+        if r.alias_info is not None:
+            sets |= set(r.alias_info.before_set)
+    if not sets:
+        return None
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and sets & set(arg.alias_info.before_set):
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            if isinstance(value, torch.fx.Node):
+                return value
+    return None
+
+
+def _alias_classes(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """For each node, the nodes whose values share its storage (itself included)."""
+    parent = {n: n for n in nodes}
+
+    def find(n):
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in nodes:
+        src = _aliased_input(n)
+        if src is not None and src in parent:
+            parent[find(n)] = find(src)
+    classes: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for n in nodes:
+        classes.setdefault(find(n), []).append(n)
+    return {n: classes[find(n)] for n in nodes}
+
+
 class _DepGraph:
-    """Data edges plus the ordering edges that mutations impose, all index-increasing."""
+    """Data edges plus the ordering edges that mutations impose, all index-increasing.
+
+    A node that mutates a tensor is ordered after every earlier reader or writer of that
+    tensor's storage (the tensor, its views, in-place results) and before every later one.
+    """
 
     def __init__(self, nodes: list[torch.fx.Node]):
         self.index = {n: i for i, n in enumerate(nodes)}
@@ -72,9 +125,13 @@ class _DepGraph:
         for n in nodes:
             for p in n.all_input_nodes:
                 self._add(p, n)
-        for m in nodes:
-            for tensor in _mutated_args(m):
-                for user in tensor.users:
+        mutations = [(m, t) for m in nodes for t in _mutated_args(m)]
+        if not mutations:
+            return
+        aliases = _alias_classes(nodes)
+        for m, tensor in mutations:
+            for alias in aliases[tensor]:
+                for user in alias.users:
                     if user is m:
                         continue
                     if self.index[user] < self.index[m]:
@@ -101,7 +158,34 @@ def _boundary(members: set[torch.fx.Node], ordered: Iterable[torch.fx.Node]):
     return list(inputs), outputs
 
 
+class _Unit:
+    """A group of supported nodes or one node left to PyTorch, at ``pos`` in a
+    topological order of all units that the fuser keeps valid through every merge."""
+
+    __slots__ = ("members", "pos", "fusible", "inputs", "outputs")
+
+    def __init__(self, node: torch.fx.Node, pos: int, fusible: bool):
+        self.members = {node}
+        self.pos = pos
+        self.fusible = fusible
+        self.inputs = set(node.all_input_nodes)
+        self.outputs = {node} if node.users else set()
+
+
 class Fuser:
+    """Merges supported nodes into groups while the quotient graph (each group
+    contracted to one vertex, PyTorch nodes as they are) stays acyclic.
+
+    Acyclicity is a property of the quotient graph, not of the nodes: two merges that
+    are each fine node by node can close a cycle through a third group (group 0 feeds a
+    PyTorch node feeding group 1, which feeds a PyTorch node feeding group 0). So the
+    fuser keeps a topological order of the units (groups and PyTorch nodes), ``slots``,
+    valid after every merge. Merging units A before B is possible iff no path leads from
+    A to B through another unit; such a path only visits units placed between them, so
+    the search is bounded by the two positions. After the merge, the units between them
+    that A reaches move after the merged group, the others before it.
+    """
+
     def __init__(
         self,
         graph: torch.fx.Graph,
@@ -111,75 +195,107 @@ class Fuser:
         self.nodes = list(graph.nodes)
         self.deps = _DepGraph(self.nodes)
         self.max_args = max_args
-        supported = [n for n in self.nodes if n.op == "call_function" and is_supported(n)]
-        self.group_of: dict[torch.fx.Node, set[torch.fx.Node]] = {}
-        for n in supported:
-            self.group_of[n] = {n}
+        self.unit: dict[torch.fx.Node, _Unit] = {}
+        self.slots: list[_Unit | None] = []
+        for i, n in enumerate(self.nodes):
+            u = _Unit(n, i, n.op == "call_function" and bool(is_supported(n)))
+            self.unit[n] = u
+            self.slots.append(u)
         # A multi-output node and its getitems are one unit from the start.
-        for n in supported:
-            if n.target is operator.getitem:
+        for n in self.nodes:
+            if n.target is operator.getitem and self.unit[n].fusible:
                 src = n.args[0]
-                if src in self.group_of and self.group_of[src] is not self.group_of[n]:
-                    self._union(self.group_of[src], self.group_of[n])
+                if isinstance(src, torch.fx.Node) and self.unit[src].fusible:
+                    self._merge(self.unit[src], self.unit[n], check_args=False)
+        # A unit over the argument limit on its own (a node with many inputs, a
+        # multi-output node with its items) stays in PyTorch.
+        for u in self.slots:
+            if u is not None and u.fusible and len(u.inputs) + len(u.outputs) > max_args:
+                u.fusible = False
 
-    def _union(self, a: set, b: set) -> set:
-        if len(a) < len(b):
-            a, b = b, a
-        a |= b
-        for n in b:
-            self.group_of[n] = a
-        return a
+    @property
+    def group_of(self) -> dict[torch.fx.Node, set[torch.fx.Node]]:
+        """Each supported node's group (the same set object for all its members)."""
+        return {n: u.members for n, u in self.unit.items() if u.fusible}
 
-    def _creates_cycle(self, merged: set[torch.fx.Node]) -> bool:
-        index = self.deps.index
-        hi = max(index[n] for n in merged)
-        stack = [
-            s
-            for n in merged
-            for s in self.deps.succ[n]
-            if s not in merged and index[s] < hi
-        ]
-        seen = set(stack)
+    # -- merging ------------------------------------------------------------------------
+    def _boundary_of(self, a: _Unit, b: _Unit) -> tuple[set, set]:
+        unit = self.unit
+        inputs = {i for i in a.inputs | b.inputs if unit[i] is not a and unit[i] is not b}
+        outputs = {
+            o for o in a.outputs | b.outputs if any(unit[u] is not a and unit[u] is not b for u in o.users)
+        }
+        return inputs, outputs
+
+    def _reached_between(self, a: _Unit, b: _Unit) -> list[_Unit] | None:
+        """The units placed between ``a`` and ``b`` (a before b) that ``a`` reaches, or
+        None if ``b`` is reached through one of them (merging would close a cycle)."""
+        unit, succ = self.unit, self.deps.succ
+        end = b.pos
+        reached: dict[int, _Unit] = {}
+        stack = [a]
         while stack:
             cur = stack.pop()
-            for s in self.deps.succ[cur]:
-                if s in merged:
-                    return True
-                if s not in seen and index[s] < hi:
-                    seen.add(s)
-                    stack.append(s)
-        return False
+            for n in cur.members:
+                for s in succ[n]:
+                    v = unit[s]
+                    if v.pos >= end or v is cur:
+                        if v is b and cur is not a:
+                            return None
+                        continue
+                    if id(v) not in reached:
+                        reached[id(v)] = v
+                        stack.append(v)
+        return sorted(reached.values(), key=lambda v: v.pos)
 
-    def _arg_count(self, merged: set[torch.fx.Node]) -> int:
-        inputs, outputs = _boundary(merged, merged)
-        return len(inputs) + len(outputs)
-
-    def try_merge(self, producer: torch.fx.Node, consumer: torch.fx.Node) -> bool:
-        gp, gc = self.group_of[producer], self.group_of[consumer]
-        if gp is gc:
+    def _merge(self, x: _Unit, y: _Unit, check_args: bool = True) -> bool:
+        if x is y:
             return False
-        merged = gp | gc
-        if self._arg_count(merged) > self.max_args:
+        a, b = (x, y) if x.pos < y.pos else (y, x)
+        inputs, outputs = self._boundary_of(a, b)
+        if check_args and len(inputs) + len(outputs) > self.max_args:
             return False
-        if self._creates_cycle(merged):
+        moved = self._reached_between(a, b)
+        if moved is None:
             return False
-        self._union(gp, gc)
+        lo, hi = a.pos, b.pos
+        moved_ids = {id(v) for v in moved}
+        stay = [v for v in self.slots[lo + 1 : hi] if v is not None and id(v) not in moved_ids]
+        # b absorbs a, so that units after b never move.
+        b.members |= a.members
+        for n in a.members:
+            self.unit[n] = b
+        b.inputs, b.outputs = inputs, outputs
+        order = stay + [b] + moved
+        self.slots[lo : hi + 1] = [None] * (hi - lo + 1 - len(order)) + order
+        for i in range(lo, hi + 1):
+            v = self.slots[i]
+            if v is not None:
+                v.pos = i
         return True
 
+    def try_merge(self, producer: torch.fx.Node, consumer: torch.fx.Node) -> bool:
+        """Merge the groups of two supported nodes if the result is valid."""
+        gp, gc = self.unit[producer], self.unit[consumer]
+        if not (gp.fusible and gc.fusible):
+            return False
+        return self._merge(gp, gc)
+
     def run(self) -> list[set[torch.fx.Node]]:
+        index = self.deps.index
         changed = True
         while changed:
             changed = False
             # Reverse topological scan: each consumer tries to absorb its producers.
             for n in reversed(self.nodes):
-                if n not in self.group_of:
+                if not self.unit[n].fusible:
                     continue
-                for p in sorted(n.all_input_nodes, key=self.deps.index.__getitem__, reverse=True):
-                    if p in self.group_of and self.try_merge(p, n):
+                for p in sorted(n.all_input_nodes, key=index.__getitem__, reverse=True):
+                    if self.unit[p].fusible and self.try_merge(p, n):
                         changed = True
-        # Then siblings: neighbouring groups with no path between them through a node
-        # outside both (e.g. the independent gradient branches of a backward graph) are
-        # merged, so a graph runs in fewer ORT calls.
+        # Then siblings: neighbouring groups with no path between them through another
+        # unit (e.g. the independent gradient branches of a backward graph) are merged,
+        # so a graph runs in fewer ORT calls.
         acc = None
         for g in self._unique():
             rep = next(iter(g))
@@ -189,11 +305,9 @@ class Fuser:
         return self._unique()
 
     def _unique(self) -> list[set[torch.fx.Node]]:
-        unique: dict[int, set[torch.fx.Node]] = {}
-        for g in self.group_of.values():
-            unique[id(g)] = g
         index = self.deps.index
-        return sorted(unique.values(), key=lambda g: min(index[n] for n in g))
+        groups = [u.members for u in self.slots if u is not None and u.fusible]
+        return sorted(groups, key=lambda g: min(index[n] for n in g))
 
 
 def find_groups(
