@@ -8,13 +8,24 @@
 The wrapper behaves as the wrapped module: attributes and methods reach it, parameters,
 buffers and state dicts carry the module's own names, ``train()``/``eval()`` and ``to()``
 act on it. Calls go through the transition manager (``lort/module/transition.py``).
+
+It is also transparent to inspection, as Hugging Face's Trainer and accelerate inspect a
+model: ``ORTModule(m)`` is an instance of a subclass made once per wrapped class
+(``ORTModule[BertForSequenceClassification]``) whose ``forward`` carries the signature of
+the wrapped class's ``forward``. So ``inspect.signature(ORTModule(m).forward)`` equals
+``inspect.signature(m.forward)`` (Trainer keeps the dataset columns it names), and
+``find_labels``/``can_return_loss``, which read ``type(model).forward``, see the wrapped
+model's labels.
 """
 
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
 import os
+import threading
+import weakref
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -95,7 +106,40 @@ def _configure_logging(level: LogLevel) -> None:
 
 
 # Names set on the wrapper itself; every other attribute assignment goes to the module.
-_OWN = ("_lort_module", "_lort_manager", "_lort_debug", "_lort_options")
+# ``forward`` (and accelerate's ``_original_forward``) stay on the wrapper: replacing the
+# wrapper's forward, as accelerate does to add autocast, must wrap the wrapper's call, not
+# make the wrapped module call the wrapper back.
+_OWN = ("_lort_module", "_lort_manager", "_lort_debug", "_lort_options", "forward", "_original_forward")
+
+#: One ORTModule subclass per wrapped class (see the module docstring).
+_CLASSES: "weakref.WeakKeyDictionary[type, type]" = weakref.WeakKeyDictionary()
+_classes_lock = threading.Lock()
+
+
+def _class_for(module_cls: type) -> type:
+    """The ORTModule subclass whose ``forward`` has the signature of ``module_cls.forward``."""
+    with _classes_lock:
+        cls = _CLASSES.get(module_cls)
+        if cls is None:
+            def forward(self, *args: Any, **kwargs: Any) -> Any:
+                return self._lort_manager(args, kwargs)
+
+            try:
+                forward.__signature__ = inspect.signature(module_cls.forward)
+            except (TypeError, ValueError):  # no signature to show: keep (*args, **kwargs)
+                pass
+            forward.__doc__ = getattr(module_cls.forward, "__doc__", None)
+            name = f"ORTModule[{module_cls.__name__}]"
+            forward.__qualname__ = f"{name}.forward"
+            cls = type(name, (ORTModule,), {"forward": forward, "__module__": __name__,
+                                            "__qualname__": name, "__doc__": ORTModule.__doc__})
+            _CLASSES[module_cls] = cls
+        return cls
+
+
+def _restore(module_cls: type) -> "ORTModule":
+    """Unpickling: an empty wrapper of the right class (``__setstate__`` fills it)."""
+    return torch.nn.Module.__new__(_class_for(module_cls))
 
 
 class ORTModule(torch.nn.Module):
@@ -107,6 +151,11 @@ class ORTModule(torch.nn.Module):
     compiled: ``"warn"`` runs it in PyTorch with one warning, ``"raise"`` raises
     ``lort.CaptureError``. ``options.schema_cache_size`` bounds the cached schemas.
     """
+
+    def __new__(cls, module: torch.nn.Module | None = None, *args: Any, **kwargs: Any) -> "ORTModule":
+        if cls is ORTModule and isinstance(module, torch.nn.Module) and not isinstance(module, ORTModule):
+            cls = _class_for(type(module))
+        return super().__new__(cls)
 
     def __init__(self, module: torch.nn.Module, debug_options: DebugOptions | None = None, *,
                  options: Options | Mapping[str, Any] | None = None):
@@ -169,7 +218,7 @@ class ORTModule(torch.nn.Module):
             setattr(self._lort_module, name, value)
 
     def __delattr__(self, name: str) -> None:
-        if name in _OWN:
+        if name in _OWN and name in self.__dict__:
             object.__delattr__(self, name)
         else:
             delattr(self._lort_module, name)
@@ -273,6 +322,11 @@ class ORTModule(torch.nn.Module):
         state = dict(self.__dict__)
         state.pop("_lort_manager", None)
         return state
+
+    def __reduce_ex__(self, protocol: int):
+        # The class is made per wrapped class (not importable by name): rebuild it from
+        # the wrapped class, which pickles as usual.
+        return _restore, (type(self._lort_module),), self.__getstate__()
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
