@@ -341,14 +341,14 @@ def test_convolution_backward_stays_in_pytorch_by_default():
 def test_executor_auto_runs_each_group_where_it_timed_faster(monkeypatch, pytorch_faster):
     from lort.runtime import group as group_mod
 
-    real = group_mod._time_pytorch
+    real = group_mod.time_pytorch
 
-    def fake_time(gm, feeds, perms):
-        measured = real(gm, feeds, perms)
+    def fake_time(gm, feeds, perms, device):
+        measured = real(gm, feeds, perms, device)
         assert measured is not None and measured > 0  # the real measurement works
         return 1e-9 if pytorch_faster else 10.0
 
-    monkeypatch.setattr(group_mod, "_time_pytorch", fake_time)
+    monkeypatch.setattr(group_mod, "time_pytorch", fake_time)
     # The group-level choice alone: the whole-graph comparison keeps lort's graph.
     monkeypatch.setattr(graph_choice, "time_candidates", lambda candidates, inputs: None)
     x, w = inputs()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import operator
 import warnings
@@ -79,14 +80,15 @@ class LortBackend:
         return compiled
 
     def _times_whole_graph(self, example_inputs: list, entries) -> bool:
-        """executor="auto" also weighs the whole graph against eager PyTorch (on CPU,
-        where it can be timed; never with opaque autograd.Functions, whose side effects,
+        """executor="auto" also weighs the whole graph against eager PyTorch (on CPU or
+        one CUDA device; never with opaque autograd.Functions, whose side effects,
         collectives say, must not run at compile time)."""
         opts = self.options
         if opts.executor != "auto" or opts.mode != "ort" or entries:
             return False
         tensors = [a for a in example_inputs if isinstance(a, torch.Tensor)]
-        return bool(tensors) and all(a.device.type == "cpu" for a in tensors)
+        # One device, CPU or CUDA (timed with a device sync around each sample).
+        return bool(tensors) and len({a.device for a in tensors}) == 1 and tensors[0].device.type in ("cpu", "cuda")
 
     def _record_eager_graph(self, gm: torch.fx.GraphModule, times: dict, cached: bool) -> None:
         self._count += 1
@@ -117,6 +119,8 @@ class LortBackend:
         if cache and not cached:
             cache.store_record(plan_key, {"unsupported": {n.name: r for n, r in unsupported.items()}})
         record.set_result(groups, modules, unsupported)
+        for name, mod in modules.items():
+            mod.on_run_failure = functools.partial(record.group_failed_at_run, name)
         self.records.append(record)
         logger.info("lort: %s", record.summary())
         if not groups:

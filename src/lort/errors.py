@@ -23,6 +23,12 @@ class SessionCreationError(LortError):
     """ONNX Runtime refused to build a session for a translated group."""
 
 
+class SessionRunError(SessionCreationError):
+    """ORT built a group's session but failed to run it (fallback policy 'raise'; with
+    'warn' the group runs in PyTorch from then on). A SessionCreationError, so code that
+    handles a session ORT refused handles this too."""
+
+
 class MismatchError(LortError, AssertionError):
     """In debug mode, a group's ORT outputs differ from PyTorch's beyond tolerance."""
 

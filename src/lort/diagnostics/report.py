@@ -71,6 +71,16 @@ class GraphRecord:
             g.executor = "pytorch"
         self.group_modules, self.partitioned = {}, None  # their ORT sessions are freed
 
+    def group_failed_at_run(self, name: str, why: str) -> None:
+        """Group ``name``, which ORT failed to run, runs in PyTorch from now on."""
+        info = next((g for g in self.groups if g.name == name), None)
+        if info is None or info.executor == "pytorch":
+            return
+        info.executor = "pytorch"
+        self.ort_nodes -= info.num_nodes
+        self.torch_nodes += info.num_nodes
+        self.fallbacks += [(op, why) for op in info.ops]
+
     def set_result(self, groups, modules, unsupported) -> None:
         from ..fusion.support import op_name
 

@@ -17,8 +17,9 @@ import torch.fx
 
 from ..translate import _compat
 
-#: dtypes lort sends to ORT. bfloat16 is absent: ORT's CPU provider has no bf16 GEMM or
-#: most bf16 kernels (see design.md), so those ops stay in PyTorch.
+#: dtypes lort sends to ORT on every device. bfloat16 goes to ORT on CUDA only
+#: (``CUDA_ONLY_DTYPES``): ORT's CPU provider has no bf16 GEMM or most bf16 kernels (see
+#: design.md), so on CPU those ops stay in PyTorch.
 SUPPORTED_DTYPES = frozenset(
     {
         torch.float32,
@@ -58,9 +59,14 @@ def _tensor_metas(val: Any) -> list[torch.Tensor] | None:
     return None
 
 
+#: dtypes lort sends to ORT's CUDA provider only (autocast's bfloat16).
+CUDA_ONLY_DTYPES = frozenset({torch.bfloat16})
+
+
 def _check_tensor(t: torch.Tensor, what: str) -> str | None:
-    if t.dtype not in SUPPORTED_DTYPES:
-        return f"{what} has dtype {t.dtype}, which lort does not send to ORT"
+    if t.dtype not in SUPPORTED_DTYPES and not (t.dtype in CUDA_ONLY_DTYPES and t.device.type == "cuda"):
+        where = "" if t.dtype not in CUDA_ONLY_DTYPES else " on CPU (ORT's CPU provider lacks its kernels)"
+        return f"{what} has dtype {t.dtype}, which lort does not send to ORT{where}"
     if t.device.type not in ("cpu", "cuda"):
         return f"{what} is on device {t.device}, which has no ORT execution provider in lort"
     if t.layout != torch.strided:

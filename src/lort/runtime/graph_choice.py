@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from . import cuda
+
 logger = logging.getLogger("lort")
 
 #: Eager takes the graph when its time is below MARGIN x lort's. 1.0: lort must be
@@ -68,7 +70,9 @@ def time_candidates(candidates: dict[str, Callable], example_inputs: list) -> di
     minimum, because other load on the machine slows PyTorch's OpenMP threads far more
     than ORT's and would bias a median); None if one fails (lort's graph is kept)."""
     train = trains(example_inputs)
+    device = next((a.device for a in example_inputs if isinstance(a, torch.Tensor) and a.is_cuda), None)
     rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(device) if device is not None else None
     try:
         args = [_clone(a) for a in example_inputs]
         samples: dict[str, list[float]] = {name: [] for name in candidates}
@@ -78,8 +82,10 @@ def time_candidates(candidates: dict[str, Callable], example_inputs: list) -> di
         spent = 0.0
         while True:
             for name, fn in candidates.items():
+                cuda.synchronize(device)
                 t0 = time.perf_counter()
                 _step(fn, args, train)
+                cuda.synchronize(device)
                 elapsed = time.perf_counter() - t0
                 samples[name].append(elapsed)
                 spent += elapsed
@@ -92,3 +98,5 @@ def time_candidates(candidates: dict[str, Callable], example_inputs: list) -> di
         return None
     finally:
         torch.set_rng_state(rng)
+        if device is not None:
+            torch.cuda.set_rng_state(cuda_rng, device)

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
-import numpy as np
 import torch
 import torch.fx
-from torch._prims_common import is_non_overlapping_and_dense_or_false
 
-from ..errors import MismatchError, SessionCreationError
+from ..errors import MismatchError, SessionCreationError, SessionRunError
 from ..options import Options
 from ..translate import onnx_export
-from . import disk_cache
-from .session import _NP_DTYPES, GroupSession, OutputSpec, measure_session, median_run_time
+from . import cuda, disk_cache
+from .layout import dense_perm, inverse, is_symbolic, needs_restride, physical_graph, static_shape
+from .session import GroupSession, OutputSpec, measure_session
+from .timing import synthetic_inputs, time_pytorch, time_session
 
 logger = logging.getLogger("lort")
 
@@ -22,118 +23,6 @@ logger = logging.getLogger("lort")
 _PARALLEL_WORK_S = 0.02
 #: With executor="auto", PyTorch must be this much faster to take a group.
 _PYTORCH_MARGIN = 0.9
-
-
-def _synthetic_inputs(metas) -> list | None:
-    """Inputs of the placeholders' shapes and dtypes to time a session on (NumPy, as
-    compilation runs under FakeTensorMode); integer inputs are zeros (valid indices)."""
-    rng = np.random.default_rng(0)
-    out = []
-    for m in metas:
-        if not isinstance(m, torch.Tensor) or _static_shape(m) is None or m.dtype not in _NP_DTYPES:
-            return None
-        np_dtype = _NP_DTYPES[m.dtype]
-        if m.dtype.is_floating_point:
-            out.append(rng.standard_normal(_static_shape(m)).astype(np_dtype))
-        else:
-            out.append(np.zeros(_static_shape(m), dtype=np_dtype))
-    return out
-
-
-def _static_shape(t: torch.Tensor) -> tuple[int, ...] | None:
-    dims = []
-    for d in t.shape:
-        if not isinstance(d, int):
-            return None
-        dims.append(d)
-    return tuple(dims)
-
-
-def _time_pytorch(gm: torch.fx.GraphModule, feeds: list, perms: list) -> float | None:
-    """Median seconds of a run of ``gm`` on ``feeds`` (real tensors: compilation runs
-    under FakeTensorMode, which this leaves for the measurement); feeds are in physical
-    order, ``perms`` gives each input back its layout."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily(), torch.no_grad():
-        args = [
-            torch.from_numpy(f) if p is None else torch.from_numpy(f).permute(_inverse(p))
-            for f, p in zip(feeds, perms)
-        ]
-        return median_run_time(lambda: gm(*args))
-
-
-def _is_symbolic(val) -> bool:
-    if isinstance(val, (list, tuple)):
-        return any(_is_symbolic(v) for v in val)
-    return isinstance(val, torch.SymInt) or (isinstance(val, torch.Tensor) and _static_shape(val) is None)
-
-
-def _needs_restride(t: torch.Tensor) -> tuple | None:
-    """The meta strides of an output when they are static, dense and not contiguous
-    (a permuted layout that PyTorch code after the group may rely on)."""
-    shape = _static_shape(t)
-    if shape is None or t.is_contiguous():
-        return None
-    if not is_non_overlapping_and_dense_or_false(t):
-        return None
-    try:
-        stride = tuple(int(s) for s in t.stride())
-    except (TypeError, RuntimeError):
-        return None
-    return shape, stride
-
-
-def _dense_perm(t) -> list[int] | None:
-    """For a tensor whose layout is a permutation of a contiguous one (a transposed
-    weight, a channels-last activation), the permutation ``p`` such that
-    ``t.permute(p)`` is contiguous; None for contiguous, symbolic or other layouts.
-
-    Groups take and give such tensors in their physical order, with the Transpose
-    inside the ONNX model (where ORT folds it into MatMul or Gemm), instead of copying
-    them to or from contiguous memory."""
-    if not isinstance(t, torch.Tensor) or _needs_restride(t) is None:
-        return None
-    stride = [int(s) for s in t.stride()]
-    perm = sorted(range(t.dim()), key=lambda d: (-stride[d], d))
-    if not t.permute(perm).is_contiguous() or perm == list(range(t.dim())):
-        return None
-    return perm
-
-
-def _inverse(perm: list[int]) -> list[int]:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return inv
-
-
-def _physical_graph(gm: torch.fx.GraphModule, in_perms: list, out_perms: list) -> torch.fx.GraphModule:
-    """A copy of ``gm`` that takes permuted-layout inputs and gives permuted-layout
-    outputs in physical (contiguous) order, with permutes inside the graph."""
-    graph = torch.fx.Graph()
-    val_map: dict = {}
-    out = graph.graph_copy(gm.graph, val_map)
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    for node, perm in zip(placeholders, in_perms):
-        if perm is None:
-            continue
-        logical = node.meta["val"]
-        with graph.inserting_after(node):
-            view = graph.call_function(torch.ops.aten.permute.default, (node, _inverse(perm)))
-        node.replace_all_uses_with(view, delete_user_cb=lambda u: u is not view)
-        node.meta = {**node.meta, "val": logical.permute(perm).contiguous()}
-        view.meta = {"val": logical}
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    for i, perm in enumerate(out_perms):
-        if perm is None:
-            continue
-        logical = outs[i].meta["val"]
-        phys = graph.call_function(torch.ops.aten.permute.default, (outs[i], perm))
-        phys.meta = {"val": logical.permute(perm).contiguous()}
-        outs[i] = phys
-    graph.output(tuple(outs))
-    return torch.fx.GraphModule(gm, graph)
 
 
 class OrtGroup(torch.nn.Module):
@@ -154,25 +43,37 @@ class OrtGroup(torch.nn.Module):
         self._out_metas = [v.meta["val"] for v in out_node.args[0]]
         in_metas = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
         # Permuted layouts cross into and out of ORT in physical order (see _dense_perm).
-        self._in_perms = [_dense_perm(m) for m in in_metas]
-        self._out_perms = [_dense_perm(m) for m in self._out_metas]
-        self._out_inverse = [None if p is None else _inverse(p) for p in self._out_perms]
+        self._in_perms = [dense_perm(m) for m in in_metas]
+        self._out_perms = [dense_perm(m) for m in self._out_metas]
+        self._out_inverse = [None if p is None else inverse(p) for p in self._out_perms]
         self._any_in_perm = any(p is not None for p in self._in_perms)
         self._any_out_perm = any(p is not None for p in self._out_perms)
         self._phys_gm = (
-            _physical_graph(gm, self._in_perms, self._out_perms) if self._any_in_perm or self._any_out_perm else gm
+            physical_graph(gm, self._in_perms, self._out_perms) if self._any_in_perm or self._any_out_perm else gm
         )
         phys_out = next(n for n in self._phys_gm.graph.nodes if n.op == "output").args[0]
-        self._outputs = [OutputSpec(v.meta["val"].dtype, _static_shape(v.meta["val"])) for v in phys_out]
+        self._outputs = [OutputSpec(v.meta["val"].dtype, static_shape(v.meta["val"])) for v in phys_out]
         # Other non-contiguous layouts (overlapping, broadcast) are copied after the run.
-        self._restride = [None if p is not None else _needs_restride(m) for m, p in zip(self._out_metas, self._out_perms)]
+        self._restride = [None if p is not None else needs_restride(m) for m, p in zip(self._out_metas, self._out_perms)]
         self._any_restride = any(r is not None for r in self._restride)
         self._identity_where = where is None or list(where) == list(range(len(where)))
         devices = {m.device for m in self._out_metas}
         self.device = torch.device(next(iter(devices)))
         self.model_bytes: bytes | None = None
         self.sessions: dict[tuple, GroupSession] = {}
-        self._static_session: GroupSession | None = None
+        # A static graph's session per numerics setting (TF32 on CUDA; always False on
+        # CPU), used without computing the argument spec on each call.
+        self._static_sessions: dict[bool, GroupSession] = {}
+        self._cuda = self.device.type == "cuda"
+        # The plain translation, kept while the ORT-fused model has not run yet: a
+        # rewrite that fails at its first run falls back to it.
+        self._plain_bytes: bytes | None = None
+        self._cache = self._cache_key = None
+        #: Why ORT failed to run this group (it then runs in PyTorch), or None.
+        self.run_failure: str | None = None
+        #: Called with the reason when ORT fails to run the group (the backend points
+        #: it at the graph's record), or None.
+        self.on_run_failure = None
         self.fusions: dict[str, int] = {}
         self.threads = options.intra_op_num_threads or torch.get_num_threads()
         self.thread_times: dict[int, float | None] = {}
@@ -183,7 +84,7 @@ class OrtGroup(torch.nn.Module):
         # Symbolic shapes anywhere (Dynamo's dynamic shapes): the ONNX model has symbolic
         # dims and output shapes are known only after a run.
         self._dynamic = any(
-            _is_symbolic(n.meta.get("val")) for n in gm.graph.nodes if n.op in ("placeholder", "call_function")
+            is_symbolic(n.meta.get("val")) for n in gm.graph.nodes if n.op in ("placeholder", "call_function")
         )
 
     # -- compile -----------------------------------------------------------------
@@ -203,6 +104,7 @@ class OrtGroup(torch.nn.Module):
         metas = [n.meta.get("val") for n in self._phys_gm.graph.nodes if n.op == "placeholder"]
         cache = disk_cache.for_options(self.options)
         cache_key = disk_cache.graph_key(self.gm, self.options) if cache else None
+        self._cache, self._cache_key = cache, cache_key
         if cache and self._prepare_from_cache(cache, cache_key, metas):
             self._save_onnx()
             return
@@ -213,12 +115,14 @@ class OrtGroup(torch.nn.Module):
             fused, self.fusions = onnx_export.fuse_for_ort(model)
             if fused is not None:
                 candidates.insert(0, fused)
-        key = self._spec(metas)
+        tf32 = self._numerics()
+        key = self._spec(metas, tf32)
         for i, model_bytes in enumerate(candidates):
             try:
                 self.model_bytes = model_bytes
                 self._choose_threads(metas)
-                sess = self._session(key)
+                sess = self._session(key, tf32)
+                self._plain_bytes = plain if model_bytes is not plain else None
                 break
             except SessionCreationError as e:
                 if i == len(candidates) - 1:
@@ -227,9 +131,9 @@ class OrtGroup(torch.nn.Module):
                 self.fusions = {}
         self._save_onnx()
         if not self._dynamic:
-            self._static_session = sess
+            self._static_sessions[tf32] = sess
         if self.options.executor == "auto" and self.options.mode == "ort":
-            self._choose_executor(metas)
+            self._choose_executor(metas, sess)
             if self.executor == "pytorch":
                 self._drop_sessions()  # never run: their memory (arena, weights) goes
         self.__dict__.pop("_feeds", None)  # timing inputs are not kept alive
@@ -238,7 +142,7 @@ class OrtGroup(torch.nn.Module):
 
     def _drop_sessions(self) -> None:
         self.sessions.clear()
-        self._static_session = None
+        self._static_sessions.clear()
 
     def _save_onnx(self) -> None:
         if self.options.save_onnx:
@@ -255,6 +159,7 @@ class OrtGroup(torch.nn.Module):
             "fusions": self.fusions,
             "executor": self.executor,
             "executor_times": self.executor_times,
+            "run_failure": self.run_failure,
         }
 
     def _prepare_from_cache(self, cache, cache_key: str, metas) -> bool:
@@ -269,14 +174,16 @@ class OrtGroup(torch.nn.Module):
             self.fusions = dict(meta["fusions"])
             self.executor = meta["executor"]
             self.executor_times = dict(meta["executor_times"])
+            self.run_failure = meta.get("run_failure")
             # A group timed faster in PyTorch never runs its session: none is built.
-            sess = self._session(self._spec(metas)) if self.executor == "ort" else None
+            tf32 = self._numerics()
+            sess = self._session(self._spec(metas, tf32), tf32) if self.executor == "ort" else None
         except (KeyError, TypeError, ValueError, SessionCreationError) as e:
             logger.info("lort: %s: disk cache entry unusable (%s); translating", self.name, e)
             self.sessions.clear()
             return False
-        if not self._dynamic:
-            self._static_session = sess
+        if not self._dynamic and sess is not None:
+            self._static_sessions[tf32] = sess
         self.from_cache = True
         logger.debug("lort: %s: loaded from the disk cache", self.name)
         return True
@@ -284,18 +191,22 @@ class OrtGroup(torch.nn.Module):
     def _timing_feeds(self, metas) -> list | None:
         """Synthetic inputs for the timing runs, built once per group."""
         if not hasattr(self, "_feeds"):
-            self._feeds = _synthetic_inputs(metas)
+            self._feeds = synthetic_inputs(metas)
         return self._feeds
 
-    def _choose_executor(self, metas) -> None:
-        """Time the group in PyTorch against its ORT time; keep the faster."""
+    def _choose_executor(self, metas, sess: GroupSession) -> None:
+        """Time the group in PyTorch against its ORT time; keep the faster. On CUDA
+        both are timed on device tensors, synchronized around the timed region."""
         feeds = self._timing_feeds(metas)
-        ort_time = min((t for t in self.thread_times.values() if t is not None), default=None)
-        if feeds is None or self.device.type != "cpu":
+        if feeds is None or self.device.type not in ("cpu", "cuda"):
             return
-        if ort_time is None:
-            ort_time = measure_session(self.model_bytes, self.device, self.options, self.threads, feeds)
-        torch_time = _time_pytorch(self.gm, feeds, self._in_perms)
+        if self._cuda:
+            ort_time = time_session(sess, feeds, self.device)
+        else:
+            ort_time = min((t for t in self.thread_times.values() if t is not None), default=None)
+            if ort_time is None:
+                ort_time = measure_session(self.model_bytes, self.device, self.options, self.threads, feeds)
+        torch_time = time_pytorch(self.gm, feeds, self._in_perms, self.device)
         if ort_time is None or torch_time is None:
             return
         self.executor_times = {"ort": ort_time, "pytorch": torch_time}
@@ -307,7 +218,7 @@ class OrtGroup(torch.nn.Module):
 
     def _choose_threads(self, metas) -> None:
         self.threads = self.options.intra_op_num_threads or torch.get_num_threads()
-        if self.options.intra_op_num_threads is not None or self.threads == 1 or self._dynamic:
+        if self.options.intra_op_num_threads is not None or self.threads == 1 or self._dynamic or self._cuda:
             return
         feeds = self._timing_feeds(metas)
         if feeds is None:
@@ -321,29 +232,43 @@ class OrtGroup(torch.nn.Module):
         if times.get(1) is not None and times[1] < times[self.threads]:
             self.threads = 1
 
-    def _spec(self, args) -> tuple:
+    def _numerics(self) -> bool:
+        """The numerics setting sessions are keyed by: whether PyTorch allows TF32 now
+        (CUDA only; runtime/cuda.py)."""
+        return self._cuda and cuda.tf32_enabled()
+
+    def _spec(self, args, tf32: bool = False) -> tuple:
         """The argument spec a session is cached by. With symbolic dims in the graph the
         ONNX model has symbolic dims too, and one session serves every shape."""
         if self._dynamic:
-            return tuple((a.dtype, a.dim(), a.device) if isinstance(a, torch.Tensor) else "scalar" for a in args)
-        return tuple((a.dtype, tuple(a.shape), a.device) if isinstance(a, torch.Tensor) else "scalar" for a in args)
+            spec = tuple((a.dtype, a.dim(), a.device) if isinstance(a, torch.Tensor) else "scalar" for a in args)
+        else:
+            spec = tuple((a.dtype, tuple(a.shape), a.device) if isinstance(a, torch.Tensor) else "scalar" for a in args)
+        return (*spec, ("tf32", tf32)) if self._cuda else spec
 
-    def _session(self, key: tuple) -> GroupSession:
+    def _session(self, key: tuple, tf32: bool = False) -> GroupSession:
         sess = self.sessions.get(key)
         if sess is None:
             assert self.model_bytes is not None
-            sess = GroupSession(self.model_bytes, self.device, self._outputs, self.options, self.name, self.threads)
+            sess = GroupSession(
+                self.model_bytes, self.device, self._outputs, self.options, self.name, self.threads, tf32=tf32
+            )
             self.sessions[key] = sess
             logger.debug("lort: built session %d for %s (spec %s)", len(self.sessions), self.name, key)
         return sess
 
     # -- run ---------------------------------------------------------------------
     def _run_ort(self, args) -> list[torch.Tensor]:
-        # A static graph is only ever called with its own spec (Dynamo guards shapes,
-        # dtypes and devices), so its one session is used without computing the spec.
         if self._any_in_perm:
             args = [a if p is None else a.permute(p) for a, p in zip(args, self._in_perms)]
-        sess = self._static_session or self._session(self._spec(args))
+        # A static graph is only ever called with its own spec (Dynamo guards shapes,
+        # dtypes and devices), so its session is used without computing the spec.
+        tf32 = self._numerics()
+        sess = self._static_sessions.get(tf32)
+        if sess is None:
+            sess = self._session(self._spec(args, tf32), tf32)
+            if not self._dynamic:
+                self._static_sessions[tf32] = sess
         outs = sess.run(args)
         if self._any_out_perm:
             outs = [o if q is None else o.permute(q) for o, q in zip(outs, self._out_inverse)]
@@ -353,16 +278,59 @@ class OrtGroup(torch.nn.Module):
                     outs[i] = torch.empty_strided(rs[0], rs[1], dtype=outs[i].dtype, device=outs[i].device).copy_(outs[i])
         return outs
 
+    def _run_ort_or_fall_back(self, args) -> list[torch.Tensor]:
+        """ORT's outputs; where ORT fails at run time (a kernel that rejects what a
+        fusion rewrite built, say), the plain translation is tried if the fused model
+        failed, then the group runs in PyTorch from now on, with one warning naming its
+        ops and the error (SessionRunError with fallback="raise")."""
+        try:
+            outs = self._run_ort(args)
+        except Exception as e:  # noqa: BLE001 - any ORT run error: fall back, never a wrong result
+            error = e
+            if self._plain_bytes is not None:
+                logger.info("lort: %s: the ORT-fused model failed to run (%s); using the plain one", self.name, e)
+                self.model_bytes, self._plain_bytes, self.fusions = self._plain_bytes, None, {}
+                self._drop_sessions()
+                try:
+                    outs = self._run_ort(args)
+                    self._store_choices()
+                    return outs
+                except Exception as e2:  # noqa: BLE001
+                    error = e2
+            return self._fall_back_at_run(args, error)
+        self._plain_bytes = None  # the fused model ran: nothing to fall back to
+        return outs
+
+    def _fall_back_at_run(self, args, error: Exception) -> list[torch.Tensor]:
+        ops = sorted({str(n.target) for n in self.gm.graph.nodes if n.op == "call_function"})
+        shown = ", ".join(ops[:6]) + (f" and {len(ops) - 6} more" if len(ops) > 6 else "")
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:400]
+        message = f"ORT failed to run group {self.name!r} ({shown}): {first_line}"
+        if self.options.fallback == "raise":
+            raise SessionRunError(message) from error
+        warnings.warn(f"lort: {message}; the group runs in PyTorch from now on", stacklevel=3)
+        self.executor, self.run_failure = "pytorch", message
+        self._drop_sessions()
+        self._store_choices()
+        if self.on_run_failure is not None:
+            self.on_run_failure(f"ORT failed to run its group: {first_line}")
+        return list(self.gm(*args))
+
+    def _store_choices(self) -> None:
+        """Keep a choice made at run time in the disk cache, so a new process does not
+        run the failing model again."""
+        if self._cache is not None and self.model_bytes is not None:
+            self._cache.store(self._cache_key, self.model_bytes, self._choices())
+
     def forward(self, *args):
         mode = self.options.mode
         if mode == "pytorch" or self.executor == "pytorch":
             outs = list(self.gm(*args))
-        elif mode == "ort":
-            outs = self._run_ort(args)
         else:
-            outs = self._run_ort(args)
-            ref = self.gm(*args)
-            compare_outputs(self.name, outs, ref, self.options.rtol, self.options.atol)
+            outs = self._run_ort_or_fall_back(args)
+            if mode == "debug" and self.executor == "ort":
+                ref = self.gm(*args)
+                compare_outputs(self.name, outs, ref, self.options.rtol, self.options.atol)
         if self._identity_where:
             return tuple(outs)
         return tuple(outs[i] for i in self.where)

@@ -7,26 +7,29 @@ import threading
 import time
 from dataclasses import dataclass
 
-import numpy as np
+import onnx
 import onnxruntime as ort
 import torch
 
 from ..errors import SessionCreationError
 from ..options import Options
-from . import providers
+from . import cuda, providers
 
 logger = logging.getLogger("lort")
 
-_NP_DTYPES = {
-    torch.float32: np.float32,
-    torch.float16: np.float16,
-    torch.float64: np.float64,
-    torch.int64: np.int64,
-    torch.int32: np.int32,
-    torch.int16: np.int16,
-    torch.int8: np.int8,
-    torch.uint8: np.uint8,
-    torch.bool: np.bool_,
+#: ONNX element types of the torch dtypes lort binds (IOBinding takes the ONNX enum,
+#: which covers bfloat16, unlike NumPy dtypes, and binds faster).
+ELEMENT_TYPES = {
+    torch.float32: onnx.TensorProto.FLOAT,
+    torch.float16: onnx.TensorProto.FLOAT16,
+    torch.bfloat16: onnx.TensorProto.BFLOAT16,
+    torch.float64: onnx.TensorProto.DOUBLE,
+    torch.int64: onnx.TensorProto.INT64,
+    torch.int32: onnx.TensorProto.INT32,
+    torch.int16: onnx.TensorProto.INT16,
+    torch.int8: onnx.TensorProto.INT8,
+    torch.uint8: onnx.TensorProto.UINT8,
+    torch.bool: onnx.TensorProto.BOOL,
 }
 
 _LEVELS = {
@@ -115,15 +118,22 @@ class GroupSession:
         options: Options,
         name: str,
         threads: int | None = None,
+        tf32: bool = False,
     ):
         self.name = name
         self.device = device
         self.outputs = outputs
-        self.session = _create(model_bytes, device, options, name, threads)
+        self.session = _create(model_bytes, device, options, name, threads, tf32=tf32)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._ort_device = _ort_device(device)
         self._run_options = ort.RunOptions()
+        # CUDA: ORT runs on lort's stream, ordered with PyTorch's current stream by
+        # events, not by a host sync at the end of each run (runtime/cuda.py).
+        self._order = None
+        if device.type == "cuda":
+            self._order = cuda.StreamOrder(self._ort_device[1])
+            self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
         self._static_outputs = all(o.shape is not None for o in outputs)
         # A persistent binding: inputs are rebound only when a tensor's memory changed
         # (parameters keep theirs across calls and optimizer steps), outputs every call.
@@ -157,20 +167,20 @@ class GroupSession:
                 key = (t.data_ptr() if t.numel() else self._placeholder_ptr, t.shape, t.dtype)
                 if key != self._bound[i]:
                     ptr = key[0]
-                    binding.bind_input(self.input_names[i], _NP_DTYPES[t.dtype], tuple(t.shape), ptr)
+                    binding.bind_input(self.input_names[i], ELEMENT_TYPES[t.dtype], tuple(t.shape), ptr)
                     self._bound[i] = key
             results: list[torch.Tensor] = []
             if self._static_outputs:
                 for name, spec in zip(self.output_names, self.outputs):
                     out = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
                     ptr = out.data_ptr() if out.numel() else self._placeholder_ptr
-                    binding.bind_output(name, _NP_DTYPES[spec.dtype], spec.shape, ptr)
+                    binding.bind_output(name, ELEMENT_TYPES[spec.dtype], spec.shape, ptr)
                     results.append(out)
-                binding.run(self._run_options)
+                self._run(binding)
             else:
                 for name in self.output_names:
                     binding.bind_output_device(name)
-                binding.run(self._run_options)
+                self._run(binding)
                 results = [
                     _from_ortvalue(v, spec.dtype, self.device)
                     for v, spec in zip(binding.get_outputs(), self.outputs)
@@ -179,15 +189,31 @@ class GroupSession:
             del keep
             return results
 
+    def _run(self, binding: "_FastBinding") -> None:
+        if self._order is None:
+            binding.run(self._run_options)
+            return
+        current = self._order.before_run()
+        try:
+            binding.run(self._run_options)
+        finally:
+            self._order.after_run(current)
+
 
 def _create(
-    model_bytes: bytes, device: torch.device, options: Options, name: str, threads: int | None, count: bool = True
+    model_bytes: bytes,
+    device: torch.device,
+    options: Options,
+    name: str,
+    threads: int | None,
+    count: bool = True,
+    tf32: bool = False,
 ):
     try:
         session = ort.InferenceSession(
             model_bytes,
             sess_options=session_options(options, threads, quiet=not count),
-            providers=providers.for_device(device, options.providers),
+            providers=providers.for_device(device, options.providers, tf32),
         )
     except Exception as e:
         raise SessionCreationError(f"ONNX Runtime could not build a session for group {name!r}: {e}") from e
@@ -206,15 +232,20 @@ def measure_session(model_bytes: bytes, device: torch.device, options: Options, 
     return median_run_time(lambda: session.run(None, named))
 
 
-def median_run_time(run, warmup: int = 2, samples: int = 6, long_s: float = 0.05) -> float | None:
+def median_run_time(
+    run, warmup: int = 2, samples: int = 6, long_s: float = 0.05, device: torch.device | None = None
+) -> float | None:
     """Median seconds of ``run()`` after ``warmup`` calls; a run longer than ``long_s``
     ends the measurement early. None if ``run`` raises (synthetic inputs can be invalid
-    for a graph, e.g. an integer divisor of 0)."""
+    for a graph, e.g. an integer divisor of 0). On a CUDA ``device`` the device is
+    synchronized around each timed call (timing only; runs never sync the host)."""
     times = []
     for i in range(warmup + samples):
-        t0 = time.perf_counter()
         try:
+            cuda.synchronize(device)
+            t0 = time.perf_counter()
             run()
+            cuda.synchronize(device)
         except Exception:
             return None
         elapsed = time.perf_counter() - t0
@@ -248,17 +279,17 @@ class _FastBinding:
         if self._fast:
             self._c_binding, self._c_session, self._c_device = c_binding, c_session, c_device
 
-    def bind_input(self, name, np_dtype, shape, ptr) -> None:
+    def bind_input(self, name, element_type, shape, ptr) -> None:
         if self._fast:
-            self._c_binding.bind_input(name, self._c_device, np_dtype, shape, ptr)
+            self._c_binding.bind_input(name, self._c_device, element_type, shape, ptr)
         else:  # pragma: no cover
-            self._public.bind_input(name, self._device[0], self._device[1], np_dtype, shape, ptr)
+            self._public.bind_input(name, self._device[0], self._device[1], element_type, shape, ptr)
 
-    def bind_output(self, name, np_dtype, shape, ptr) -> None:
+    def bind_output(self, name, element_type, shape, ptr) -> None:
         if self._fast:
-            self._c_binding.bind_output(name, self._c_device, np_dtype, shape, ptr)
+            self._c_binding.bind_output(name, self._c_device, element_type, shape, ptr)
         else:  # pragma: no cover
-            self._public.bind_output(name, self._device[0], self._device[1], np_dtype, shape, ptr)
+            self._public.bind_output(name, self._device[0], self._device[1], element_type, shape, ptr)
 
     def bind_output_device(self, name) -> None:
         self._public.bind_output(name, self._device[0], self._device[1])

@@ -258,7 +258,36 @@ def optimize_for_ort(model: ir.Model) -> tuple[ir.Model, dict[str, int]]:
     """onnxscript's ORT-specific fusion rewrites (in place) and their counts."""
     from onnxscript.rewriter.ort_fusions import optimize_for_ort as _optimize_for_ort
 
+    _guard_fused_matmul_batch_rules()
     return _optimize_for_ort(model)
+
+
+def _guard_fused_matmul_batch_rules() -> None:
+    """onnxscript 0.7.2's Transpose-into-FusedMatMul rules that set transBatchA/B do
+    not check ranks, while ORT's FusedMatMul needs both inputs of one rank >= 3 when a
+    transBatch flag is set ("Two inputs should have same rank and rank >= 3"): a
+    rank-3 x rank-2 product became a model ORT fails to run. The rules' conditions get
+    that check (once; idempotent)."""
+    from onnxscript.rewriter import pattern as orp
+    from onnxscript.rewriter.ort_fusions import _core as ort_core
+    from onnxscript.rewriter.ort_fusions import fused_matmul_rule_sets as fmm
+
+    batch_rule = getattr(fmm, "_TransposeFusedMatMulBaseWithBatch", None)
+    if batch_rule is None:
+        return
+    for rule in ort_core.ORT_PATTERN_REWRITE_RULES:
+        condition = getattr(rule, "_condition_function", None)
+        if not isinstance(getattr(condition, "__self__", None), batch_rule) or getattr(condition, "_lort", False):
+            continue
+
+        def guarded(context, x, y, *args, _check=condition, **kwargs):
+            ranks = {len(v.shape) if v.shape is not None else None for v in (x, y)}
+            if len(ranks) != 1 or None in ranks or next(iter(ranks)) < 3:
+                return orp.MatchResult().fail("lort: FusedMatMul with transBatch needs inputs of one rank >= 3")
+            return _check(context, x, y, *args, **kwargs)
+
+        guarded._lort = True
+        rule._condition_function = guarded
 
 
 def translate_graph(fx_graph: torch.fx.Graph, name: str) -> ir.Model:
