@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import time
 import warnings
 
 import torch
@@ -81,6 +83,8 @@ class OrtGroup(torch.nn.Module):
         self.executor = "ort"
         self.executor_times: dict[str, float] = {}
         self.from_cache = False
+        #: Seconds prepare() spent per step ('translate', 'session', 'timing'), for progress logs.
+        self.prepare_times: dict[str, float] = {}
         # Symbolic shapes anywhere (Dynamo's dynamic shapes): the ONNX model has symbolic
         # dims and output shapes are known only after a run.
         self._dynamic = any(
@@ -108,6 +112,7 @@ class OrtGroup(torch.nn.Module):
         if cache and self._prepare_from_cache(cache, cache_key, metas):
             self._save_onnx()
             return
+        start = time.perf_counter()
         model = onnx_export.group_to_onnx(self._phys_gm, self.name)
         plain = onnx_export.serialize(model)
         candidates = [plain]
@@ -115,13 +120,16 @@ class OrtGroup(torch.nn.Module):
             fused, self.fusions = onnx_export.fuse_for_ort(model)
             if fused is not None:
                 candidates.insert(0, fused)
+        self.prepare_times["translate"] = time.perf_counter() - start
         tf32 = self._numerics()
         key = self._spec(metas, tf32)
         for i, model_bytes in enumerate(candidates):
             try:
                 self.model_bytes = model_bytes
-                self._choose_threads(metas)
-                sess = self._session(key, tf32)
+                with self._timed("timing"):
+                    self._choose_threads(metas)
+                with self._timed("session"):
+                    sess = self._session(key, tf32)
                 self._plain_bytes = plain if model_bytes is not plain else None
                 break
             except SessionCreationError as e:
@@ -133,12 +141,21 @@ class OrtGroup(torch.nn.Module):
         if not self._dynamic:
             self._static_sessions[tf32] = sess
         if self.options.executor == "auto" and self.options.mode == "ort":
-            self._choose_executor(metas, sess)
+            with self._timed("timing"):
+                self._choose_executor(metas, sess)
             if self.executor == "pytorch":
                 self._drop_sessions()  # never run: their memory (arena, weights) goes
         self.__dict__.pop("_feeds", None)  # timing inputs are not kept alive
         if cache:
             cache.store(cache_key, self.model_bytes, self._choices())
+
+    @contextlib.contextmanager
+    def _timed(self, step: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.prepare_times[step] = self.prepare_times.get(step, 0.0) + time.perf_counter() - start
 
     def _drop_sessions(self) -> None:
         self.sessions.clear()
