@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import logging
 import operator
+import time
 import warnings
 from typing import Any, Callable, Mapping
 
@@ -14,7 +15,8 @@ import torch.fx
 from torch._functorch.aot_autograd import make_boxed_func
 
 from .capture import aot_backend
-from .capture import autograd_function, decompositions
+from .capture import autograd_function, decompositions, distributed
+from .diagnostics import progress
 from .diagnostics.report import GraphRecord
 from .errors import LortError, SessionCreationError, TranslationError
 from .fusion import fuser, support
@@ -44,6 +46,7 @@ class LortBackend:
             providers.for_device(torch.device("cpu"), self.options.providers)  # raises if unknown
         self.records: list[GraphRecord] = []
         self._count = 0
+        self._capture_start: float | None = None  # when AOTAutograd got the Dynamo graph
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         entries = autograd_function.entries_in(gm)
@@ -55,6 +58,7 @@ class LortBackend:
             self._record_eager_graph(gm, choice.get("times", {}), cached=True)
             return gm.forward
         first_record = len(self.records)
+        self._capture_start = time.perf_counter()
         with autograd_function.capturing():
             decomps = decompositions.table(
                 self.options.decompose_conv_backward, decompositions.implemented_names(self.options)
@@ -101,6 +105,9 @@ class LortBackend:
     def compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list, kind: str) -> Callable:
         self._count += 1
         prefix = f"g{self._count}_{kind}"
+        start, self._capture_start = getattr(self, "_capture_start", None), None
+        captured = None if start is None or kind == "backward" else time.perf_counter() - start
+        progress.log_captured(self.options, prefix, gm, captured)
         record = GraphRecord(kind=kind, name=prefix, graph_module=gm)
         cache = disk_cache.for_options(self.options) if self.options.mode != "pytorch" else None
         plan_key = disk_cache.graph_key(gm, self.options, what="plan") if cache else None
@@ -164,11 +171,22 @@ class LortBackend:
         return None
 
     def _fuse_and_prepare(self, gm, unsupported, prefix):
+        steps = progress.PrepareProgress(self.options, prefix)
+        try:
+            groups, modules = self._fuse_rounds(gm, unsupported, prefix, steps)
+        finally:
+            steps.close()
+        steps.log(groups, modules)
+        return groups, modules
+
+    def _fuse_rounds(self, gm, unsupported, prefix, steps: progress.PrepareProgress):
         opts = self.options
         for _ in range(_MAX_REFUSE):
             groups = fuser.find_groups(
                 gm.graph, lambda n: n not in unsupported, opts.max_group_args, prefix=prefix
             )
+            if opts.mode != "pytorch":
+                steps.start_round(len(groups))
             modules: dict[str, OrtGroup] = {}
             found_new = False
             for grp in groups:
@@ -188,6 +206,8 @@ class LortBackend:
                                 unsupported[n] = f"its group failed as a whole: {e}"
                             found_new = True
                         continue
+                    finally:
+                        steps.group_done(mod)
                 modules[grp.name] = mod
             if not found_new:
                 return groups, modules
@@ -249,22 +269,27 @@ class _ChooseOnFirstCall:
     def _choose(self, args: list) -> Callable:
         compiled, eager = self._compiled, self._gm.forward
         before = len(self._backend.records)
+        start = time.perf_counter()
         times = graph_choice.time_candidates({"lort": compiled, "pytorch": eager}, args)
+        seconds = time.perf_counter() - start
         # The timing ran this graph's backward, compiling it: its record is this graph's.
         self._records += self._backend.records[before:]
         executor = "pytorch" if times and times["pytorch"] < graph_choice.MARGIN * times["lort"] else "lort"
         if self._cache is not None and times:
             self._cache.store_record(self._key, {"executor": executor, "times": times})
+        if times and (executor == "pytorch" or self._backend.options.progress):
+            logger.info(
+                "lort: %s: whole graph timed in %.2f s: %.3f ms through lort, %.3f ms in eager PyTorch; "
+                "runs %s",
+                "+".join(r.name for r in self._records) or "graph", seconds, times["lort"] * 1e3,
+                times["pytorch"] * 1e3, "through lort" if executor == "lort" else "in eager PyTorch",
+            )
         if executor == "lort":
             for record in self._records:
                 record.executor_times = dict(times or {})
             return compiled
         for record in self._records:
             record.ran_whole_in_pytorch(times)
-        logger.info(
-            "lort: graph runs in eager PyTorch: %.3f ms there vs %.3f ms through lort",
-            times["pytorch"] * 1e3, times["lort"] * 1e3,
-        )
         self._compiled = None  # its ORT sessions go
         return eager
 
@@ -278,3 +303,5 @@ lort_backend._lort_backend = True
 # Importing the backend (torch.compile(backend="lort") does) lets Dynamo run untraceable
 # autograd.Functions opaquely in graphs compiled by lort; other backends are unaffected.
 autograd_function.install()
+# ... and warns where torch.compile(DDP(model), backend="lort") gives lort no graph.
+distributed.install()

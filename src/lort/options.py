@@ -19,6 +19,7 @@ ENV_FALLBACK = "LORT_FALLBACK_POLICY"
 ENV_EXECUTOR = "LORT_EXECUTOR"
 ENV_DISK_CACHE = "LORT_DISK_CACHE"
 ENV_CACHE_DIR = "LORT_CACHE_DIR"
+ENV_PROGRESS = "LORT_PROGRESS"
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -111,6 +112,11 @@ class Options:
     #: lort.ORTModule: how many input schemas (structure, dtypes, constants, train/eval,
     #: ...) keep their compiled graphs; the least recently used is dropped first.
     schema_cache_size: int = 8
+    #: Progress of compiles: one INFO line on the "lort" logger per graph for capture,
+    #: translation, session building and timing, and a progress bar over the groups of a
+    #: graph with many of them when stderr is a terminal (with tqdm installed). Env
+    #: LORT_PROGRESS (0 turns both off).
+    progress: bool = dataclasses.field(default_factory=lambda: _env_bool(ENV_PROGRESS, True))
 
     def __post_init__(self) -> None:
         if self.mode not in RUN_MODES:
@@ -133,6 +139,8 @@ class Options:
         if not isinstance(self.schema_cache_size, int) or isinstance(self.schema_cache_size, bool) \
                 or self.schema_cache_size < 1:
             raise ValueError(f"lort option schema_cache_size={self.schema_cache_size!r} must be an int >= 1")
+        if not isinstance(self.progress, bool):
+            raise ValueError(f"lort option progress={self.progress!r} must be True or False")
         if not isinstance(self.max_group_args, int) or self.max_group_args < 2:
             raise ValueError(f"lort option max_group_args={self.max_group_args!r} must be an int >= 2")
         if self.intra_op_num_threads is not None and (
