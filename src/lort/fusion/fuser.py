@@ -78,13 +78,15 @@ def _aliased_input(node: torch.fx.Node) -> torch.fx.Node | None:
         return None
     schema = target._schema
     sets = set()
+    any_set = False  # a list of views (split's Tensor(a)[]) has its alias set on the items
     for r in schema.returns:
         if r.alias_info is not None:
             sets |= set(r.alias_info.before_set)
-    if not sets:
+            any_set = any_set or not r.alias_info.before_set
+    if not sets and not any_set:
         return None
     for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is not None and sets & set(arg.alias_info.before_set):
+        if arg.alias_info is not None and (any_set or sets & set(arg.alias_info.before_set)):
             value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
             if isinstance(value, torch.fx.Node):
                 return value
@@ -404,14 +406,11 @@ def build_group_module(owner: torch.fx.GraphModule, group: FusionGroup) -> tuple
     return gm, where
 
 
-def replace_groups(
-    gm: torch.fx.GraphModule,
-    groups: list[FusionGroup],
-    modules: dict[str, torch.nn.Module],
-) -> torch.fx.GraphModule:
-    """A new GraphModule where each group is one call_module (``modules[group.name]``,
-    returning one value per ``group.outputs``), placed topologically."""
-    nodes = list(gm.graph.nodes)
+def schedule(graph: torch.fx.Graph, groups: list[FusionGroup]) -> list:
+    """The order in which the groups (FusionGroup) and the other nodes (fx.Node) of
+    ``graph`` run: topological over data and mutation-ordering edges, each unit as early
+    as its first node allows."""
+    nodes = list(graph.nodes)
     deps = _DepGraph(nodes)
     index = deps.index
     unit_of: dict[torch.fx.Node, object] = {n: n for n in nodes}
@@ -447,7 +446,18 @@ def replace_groups(
                 heapq.heappush(heap, (first[s], s))
     if len(order) != len(units):  # pragma: no cover - the fuser refuses cycles
         raise AssertionError("lort fuser produced a cyclic partition")
+    return order
 
+
+def replace_groups(
+    gm: torch.fx.GraphModule,
+    groups: list[FusionGroup],
+    modules: dict[str, torch.nn.Module],
+) -> torch.fx.GraphModule:
+    """A new GraphModule where each group is one call_module (``modules[group.name]``,
+    returning one value per ``group.outputs``), placed as ``schedule`` orders them."""
+    nodes = list(gm.graph.nodes)
+    order = schedule(gm.graph, groups)
     new_graph = torch.fx.Graph()
     root = torch.nn.Module()
     for name, mod in gm.named_children():

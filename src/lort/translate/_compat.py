@@ -98,6 +98,12 @@ def _is_float_arg(node: torch.fx.Node, index: int) -> bool:
     return isinstance(val, torch.Tensor) and val.dtype.is_floating_point
 
 
+def _arg_shape(node: torch.fx.Node, index: int) -> tuple | None:
+    arg = node.args[index] if len(node.args) > index else None
+    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
 def _when(predicate: Callable[[torch.fx.Node], bool], reason: str) -> Callable:
     """A known-wrong entry for the nodes ``predicate`` selects: those run in PyTorch."""
     return lambda node: reason if predicate(node) else None
@@ -185,6 +191,11 @@ def _known_wrong() -> dict:
             lambda n: not _is_float_arg(n, 0),
             "torch_lib's mean of an integer tensor with dtype= averages in the integer type "
             "(ReduceMean truncates) and casts afterwards",
+        ),
+        aten.copy.default: _when(
+            lambda n: _arg_shape(n, 0) != _arg_shape(n, 1),
+            "torch_lib's copy is CastLike(src, self): it does not broadcast src to self's "
+            "shape, so ORT fails at run time on copy_(x, y) with y of shape (4, 1) into x (4, 6)",
         ),
     }
 
