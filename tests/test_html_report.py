@@ -179,3 +179,34 @@ def test_chromium_renders_the_page(reports, tmp_path):
     for hex_fill in (html_svg.GROUP_COLORS[0][0], html_svg.TORCH_COLOR[0]):
         rgb = tuple(int(hex_fill[i : i + 2], 16) for i in (1, 3, 5))
         assert rgb in present, hex_fill
+
+
+def _random_ops(x):  # rand_like -> bernoulli: two connected random ops, left to PyTorch
+    return torch.bernoulli(torch.rand_like(x)) * x + torch.rand_like(x)
+
+
+def test_many_pytorch_nodes_are_merged_when_connected(monkeypatch):
+    """Past MAX_TORCH_UNITS, connected PyTorch nodes share a box: counts and reasons stay whole."""
+    from lort.diagnostics import html_graph
+
+    report = lort.explain(_random_ops, torch.randn(4, 8))
+    monkeypatch.setattr(html_graph, "MAX_TORCH_UNITS", 0)
+    page = lort_html.render(report, "networkx")
+    _check_page(page, report)
+    boxes = _nodes(lort_html.svg_sections(page)[report.records[0].name], "lort_torch")
+    assert sorted(n for _, n in boxes) == [1, 2]
+
+
+def test_groups_read_from_the_disk_cache_say_so(monkeypatch, tmp_path):
+    monkeypatch.setenv("LORT_DISK_CACHE", "1")
+    monkeypatch.setenv("LORT_CACHE_DIR", str(tmp_path))
+    pages = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        report = lort.explain(_random_ops, torch.randn(4, 8))
+        pages.append(lort_html.render(report, "networkx"))
+        _check_page(pages[-1], report)
+    name = report.groups[0].name
+    cells = [re.search(rf'<tr id="row-{name}".*?</tr>', p, re.S).group(0) for p in pages]
+    assert "<td>no</td>" in cells[0] and "<td>yes</td>" in cells[1]
+    assert "· cached</text>" not in pages[0] and "· cached</text>" in pages[1]

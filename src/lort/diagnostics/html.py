@@ -209,7 +209,12 @@ def _shapes(summary: str, values: list[str]) -> str:
 def _group_row(unit: Unit) -> str:
     g = unit.group
     fill, stroke = html_svg.colors(unit)
-    runs = "ORT" if g.executor == "ort" else f"PyTorch <span class='muted'>({html.escape(unit.why or '')})</span>"
+    runs = "ORT"
+    if g.executor != "ort":
+        why = unit.why or ""
+        short = why if len(why) <= 60 else why[:57] + "..."
+        runs = f'PyTorch <span class="muted" title="{html.escape(why)}">({html.escape(short)})</span>'
+
     threads = "-" if g.threads is None else str(g.threads)
     if g.thread_times:
         tt = " · ".join(f"{k}: {fmt_time(v)}" for k, v in g.thread_times.items() if v is not None)

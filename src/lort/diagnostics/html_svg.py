@@ -55,7 +55,7 @@ def group_time(unit: Unit) -> float | None:
         return None
     if g.executor_times.get(g.executor) is not None:
         return g.executor_times[g.executor]
-    return g.thread_times.get(g.threads)
+    return g.thread_times.get(g.threads) if g.executor == "ort" else None  # ORT's times
 
 
 def reason_marks(unit: Unit, drawn: DrawnGraph) -> str:
@@ -276,7 +276,7 @@ def _draw_networkx(drawn: DrawnGraph) -> str:
     top -= _GAP_Y / 2
     left = min(x[n] - size[n][0] / 2 for n in x) - 10
     width = max(x[n] + size[n][0] / 2 for n in x) - left + 10
-    out = [f'<svg class="lort-graph" viewBox="0 0 {width:.0f} {top:.0f}" style="width:{width:.0f}px">']
+    out = [f'<svg class="lort-graph" viewBox="0 0 {width:.0f} {top:.0f}" style="width:{width * 1.2:.0f}px">']
     marker = html.escape(f"{drawn.record.name}__arrow")
     out.append(
         f'<defs><marker id="{marker}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
