@@ -1,4 +1,4 @@
-"""eager vs inductor vs lort, side by side in one process, on CPU.
+"""eager vs inductor vs lort, side by side in one process, on CPU or on a CUDA device.
 
 For each model: batch-1 inference latency, batch-8 inference latency and a training
 step (forward + backward), the median of repeated timings, and the first call (capture
@@ -6,6 +6,17 @@ step (forward + backward), the median of repeated timings, and the first call (c
 with the machine and versions to benchmarks/results.md.
 
     python benchmarks/run.py [--models bert,resnet18] [--scenarios infer1,infer8,train] [--out FILE]
+
+With ``--device cuda``: the models at issue 10's sizes (lort.testing.models.CUDA_CASES:
+BERT-6L/768, GPT-2-6L/768, Llama-4L/1024 with GQA, all on 128 tokens, ResNet-50 and
+ViT-S/16 at 224 px), inference at batch 1 and 32 and a training step at batch 32, each
+sample timed with torch.cuda.synchronize() before and after its calls; written to
+benchmarks/results_cuda.md with the device, driver and versions. ``--json FILE`` keeps
+the rows in FILE and adds those of earlier runs on the same device to the table (a GPU
+machine's command time is limited: run a few models per call). benchmarks/gpu_run.sh
+runs it on a GPU machine.
+
+    python benchmarks/run.py --device cuda [--models bert,gpt2] [--json rows.json]
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import gc
 import os
 import platform
 import statistics
@@ -21,7 +33,7 @@ import time
 
 import torch
 
-from lort.testing.models import CASES, make_torchvision_importable, output_tensor
+from lort.testing.models import CASES, CUDA_CASES, make_torchvision_importable, output_tensor
 
 make_torchvision_importable()
 
@@ -30,41 +42,65 @@ import onnxscript  # noqa: E402
 
 import lort  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cuda_common  # noqa: E402
+
 SCENARIOS = {"infer1": ("inference", 1), "infer8": ("inference", 8), "train": ("train", 8)}
+CUDA_SCENARIOS = {"infer1": ("inference", 1), "infer32": ("inference", 32), "train32": ("train", 32)}
 BACKENDS = ["eager", "inductor", "lort"]
 
 
-def timed_interleaved(fns: dict, min_time=1.0, repeats=11, settle_s=0.0) -> dict:
+def cases_for(device: str) -> dict:
+    return CUDA_CASES if device == "cuda" else CASES
+
+
+def scenarios_for(device: str) -> dict:
+    return CUDA_SCENARIOS if device == "cuda" else SCENARIOS
+
+
+def _no_sync() -> None:
+    pass
+
+
+def timed_interleaved(fns: dict, min_time=1.0, repeats=11, settle_s=0.0, sync=_no_sync) -> dict:
     """Median seconds per call of each function, sampled round-robin (A B C A B C ...)
     so that drift in the machine's speed affects every backend alike. Each sample is the
     mean over enough calls to last about min_time / repeats. ``settle_s``: a pause after
     each sample, untimed, so that threads still spinning after one function (ORT with
-    allow_spinning) do not slow the next."""
+    allow_spinning) do not slow the next. ``sync`` is called before and after each
+    timed region (torch.cuda.synchronize on CUDA: the calls only queue work there)."""
     inner = {}
     for name, fn in fns.items():
         for _ in range(3):
             fn()
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         one = max(time.perf_counter() - t0, 1e-6)
         inner[name] = max(1, int(min_time / repeats / one))
     samples = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             n = inner[name]
+            sync()
             t0 = time.perf_counter()
             for _ in range(n):
                 fn()
+            sync()
             samples[name].append((time.perf_counter() - t0) / n)
             if settle_s:
                 time.sleep(settle_s)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def make_runner(name, scenario, backend):
-    kind, batch = SCENARIOS[scenario]
-    model, args = CASES[name].make(batch, seed=0)
+def make_runner(name, scenario, backend, device="cpu"):
+    kind, batch = scenarios_for(device)[scenario]
+    model, args = cases_for(device)[name].make(batch, seed=0)
     model = copy.deepcopy(model)
+    if device != "cpu":
+        model = model.to(device)
+        args = tuple(a.to(device) for a in args)
     if kind == "inference":
         model.eval()
     if backend == "eager":
@@ -112,6 +148,44 @@ def run(models, scenarios, min_time):
     return rows
 
 
+def run_cuda(models, scenarios, min_time, on_row):
+    """As run() on the current CUDA device. A backend that fails leaves its error in the
+    row instead of stopping the run (``on_row`` is called after each row, so a run cut
+    short by the command's time limit keeps what it measured)."""
+    sync = torch.cuda.synchronize
+    rows = []
+    for name in models:
+        for scenario in scenarios:
+            torch._dynamo.reset()
+            steps, firsts, errors = {}, {}, {}
+            for backend in ("eager", "lort", "inductor"):
+                try:
+                    step = make_runner(name, scenario, backend, "cuda")
+                    sync()
+                    t0 = time.perf_counter()
+                    step()
+                    sync()
+                    firsts[backend] = time.perf_counter() - t0
+                    steps[backend] = step
+                except Exception as e:  # noqa: BLE001 - reported in the table
+                    errors[backend] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+                    print(f"{name} {scenario} {backend} failed: {errors[backend]}", flush=True)
+            times = timed_interleaved(steps, min_time * len(steps), sync=sync) if steps else {}
+            row = dict(
+                model=name, scenario=scenario, times=times, firsts=firsts, errors=errors,
+                where=where_lort_ran(steps["lort"]) if "lort" in steps else "failed",
+                peak_mib=torch.cuda.max_memory_reserved() / 2**20,
+            )
+            rows.append(row)
+            print(format_row(row), flush=True)
+            on_row(row)
+            del steps
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+    return rows
+
+
 def where_lort_ran(step) -> str:
     """Where lort ran the model: ORT (with how many of its groups executor='auto' moved
     to PyTorch), or eager PyTorch for graphs it timed faster there."""
@@ -127,6 +201,11 @@ def where_lort_ran(step) -> str:
 
 def format_row(row):
     t = row["times"]
+    if set(t) != set(BACKENDS):
+        ms = " | ".join(f"{t[b] * 1e3:9.3f}" if b in t else "failed" for b in BACKENDS)
+        firsts = " | ".join(f"{row['firsts'][b]:7.1f}" if b in row["firsts"] else "-" for b in ("inductor", "lort"))
+        why = "; ".join(f"{b}: {e}" for b, e in row.get("errors", {}).items())
+        return f"| {row['model']:<12} | {row['scenario']:<7} | {ms} | - | - | {firsts} | {row['where']} ({why}) |"
     return (
         f"| {row['model']:<12} | {row['scenario']:<7} | {t['eager'] * 1e3:9.3f} | {t['inductor'] * 1e3:9.3f} | "
         f"{t['lort'] * 1e3:9.3f} | {t['eager'] / t['lort']:6.2f}x | {t['inductor'] / t['lort']:6.2f}x | "
@@ -161,13 +240,101 @@ def machine():
     )
 
 
+def cuda_report(rows: list, runs: int) -> str:
+    lines = [
+        "# lort benchmark results on CUDA",
+        "",
+        f"Taken {datetime.date.today().isoformat()} by `python benchmarks/run.py --device cuda` (eager, inductor and",
+        "lort side by side in one process" + (f"; rows of {runs} runs on this device merged with --json)." if runs > 1 else ")."),
+        f"Device: {cuda_common.machine()}.",
+        f"Numerics: float32; {cuda_common.tf32_line()} (PyTorch's defaults unless changed).",
+        "",
+        "Times are the median of 11 samples per backend, taken round-robin across the backends; each sample is",
+        "torch.cuda.synchronize(), n calls, torch.cuda.synchronize(), wall clock divided by n. Ratios are",
+        "speed-ups (eager time / lort time, inductor time / lort time): above 1 means lort is faster.",
+        "infer1/infer32: inference under no_grad at batch 1 / 32; train32: forward + backward of",
+        "`output.float().pow(2).mean()` at batch 32 (no optimizer step). lort runs with its defaults",
+        "(executor='auto'). First call: capture + compile + first run, in seconds, in this process.",
+        "Models: lort.testing.models.CUDA_CASES (random weights; BERT and GPT-2 6 layers of 768, Llama-style",
+        "4 layers of 1024 with 16 heads and 4 key/value heads, 128 tokens; ResNet-50 and ViT-S/16 at 224 px).",
+        "",
+        HEADER,
+        *[format_row(r) for r in rows],
+        "",
+    ]
+    done = [r for r in rows if set(r["times"]) == set(BACKENDS)]
+    for s in CUDA_SCENARIOS:
+        sel = [r for r in done if r["scenario"] == s]
+        if sel:
+            ge = geomean([r["times"]["eager"] / r["times"]["lort"] for r in sel])
+            gi = geomean([r["times"]["inductor"] / r["times"]["lort"] for r in sel])
+            lines.append(
+                f"- {s}: geomean lort speed-up {ge:.2f}x over eager, {gi:.2f}x over inductor ({len(sel)} models)"
+            )
+    failed = [f"{r['model']} {r['scenario']}" for r in rows if r not in done]
+    if failed:
+        lines.append(f"- failed (see the row): {', '.join(failed)}")
+    lines += ["", "Issue 10's bars, from the rows above:"]
+    infer1 = [r for r in done if r["scenario"] == "infer1"]
+    if infer1:
+        gi = geomean([r["times"]["inductor"] / r["times"]["lort"] for r in infer1])
+        lines.append(f"- batch-1 inference geomean at least inductor's: {gi:.2f}x ({'met' if gi >= 1 else 'not met'})")
+    slow_inf = [f"{r['model']} {r['scenario']} {r['times']['eager'] / r['times']['lort']:.2f}x" for r in done
+                if r["scenario"] != "train32" and r["times"]["lort"] > r["times"]["eager"]]
+    slow_train = [f"{r['model']} {r['times']['eager'] / r['times']['lort']:.2f}x" for r in done
+                  if r["scenario"] == "train32" and r["times"]["lort"] > r["times"]["eager"]]
+    lines.append(f"- no inference case below eager: {'met' if not slow_inf else 'not met: ' + ', '.join(slow_inf)}")
+    lines.append(f"- training at least eager: {'met' if not slow_train else 'not met: ' + ', '.join(slow_train)}")
+    return "\n".join(lines) + "\n"
+
+
+def main_cuda(ap, a) -> None:
+    why = cuda_common.cuda_unavailable()
+    if why:
+        ap.error(why)
+    models = [m for m in (a.models or ",".join(CUDA_CASES)).split(",") if m]
+    scenarios = [s for s in (a.scenarios or ",".join(CUDA_SCENARIOS)).split(",") if s]
+    for m in models:
+        if m not in CUDA_CASES:
+            ap.error(f"unknown model {m!r} for --device cuda; choose from {list(CUDA_CASES)}")
+    for s in scenarios:
+        if s not in CUDA_SCENARIOS:
+            ap.error(f"unknown scenario {s!r} for --device cuda; choose from {list(CUDA_SCENARIOS)}")
+    out = a.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_cuda.md")
+    rows = cuda_common.Rows(a.json, cuda_common.device_name(), key=("model", "scenario"))
+    order = {"model": list(CUDA_CASES), "scenario": list(CUDA_SCENARIOS)}
+    print(cuda_common.machine())
+    print(cuda_common.tf32_line())
+    print(HEADER, flush=True)
+
+    def save(row):
+        rows.add(row)
+        with open(out, "w") as f:  # after each row: a run cut short keeps what it measured
+            f.write(cuda_report(rows.all(order), rows.runs))
+
+    run_cuda(models, scenarios, a.min_time, save)
+    if rows.new:
+        print("\n".join(l for l in cuda_report(rows.all(order), rows.runs).splitlines() if l.startswith("- ")))
+        print(f"wrote {out}" + (f" and {a.json}" if a.json else ""))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=",".join(CASES))
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--models", default=None, help=f"default: all ({','.join(CASES)}; on cuda {','.join(CUDA_CASES)})")
+    ap.add_argument("--scenarios", default=None,
+                    help=f"default: all ({','.join(SCENARIOS)}; on cuda {','.join(CUDA_SCENARIOS)})")
     ap.add_argument("--min-time", type=float, default=1.0, help="seconds of timed calls per measurement")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results.md"))
+    ap.add_argument("--out", default=None, help="default: benchmarks/results.md (cuda: results_cuda.md)")
+    ap.add_argument("--json", default=None, help="cuda: keep rows in this file and merge earlier runs' rows")
     a = ap.parse_args(argv)
+    if a.device == "cuda":
+        return main_cuda(ap, a)
+    if a.json:
+        ap.error("--json is for --device cuda")
+    a.models = a.models or ",".join(CASES)
+    a.scenarios = a.scenarios or ",".join(SCENARIOS)
+    a.out = a.out or os.path.join(os.path.dirname(__file__), "results.md")
     models = [m for m in a.models.split(",") if m]
     scenarios = [s for s in a.scenarios.split(",") if s]
     for m in models:

@@ -1,0 +1,147 @@
+"""What benchmarks/run.py --device cuda and benchmarks/cuda_memory.py share: whether CUDA
+can run here, the device and versions line, and rows kept across runs in a JSON file
+(a GPU machine's command time is limited, so a full table takes several runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+
+
+def cuda_unavailable() -> str | None:
+    """Why a CUDA benchmark cannot run here, or None."""
+    import onnxruntime
+    import torch
+
+    if not torch.cuda.is_available():
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a build without CUDA"
+        return (
+            f"--device cuda: torch {torch.__version__} ({built}) sees no CUDA device "
+            f"(torch.cuda.is_available() is False); run it on a GPU machine (see benchmarks/gpu_run.sh)"
+        )
+    providers = onnxruntime.get_available_providers()
+    if "CUDAExecutionProvider" not in providers:
+        return (
+            f"--device cuda: onnxruntime {onnxruntime.__version__} has no CUDAExecutionProvider "
+            f"(available: {providers}); install onnxruntime-gpu (benchmarks/gpu_run.sh installs it)"
+        )
+    return None
+
+
+def driver_version() -> str:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else str(v)
+    except Exception:  # noqa: BLE001 - NVML missing or refused: try nvidia-smi
+        pass
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=60,
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(torch.cuda.current_device())
+
+
+def host() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+def machine() -> str:
+    """The device, driver, host and versions, for a results file."""
+    import onnxruntime
+    import onnxscript
+    import torch
+
+    import lort
+
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return (
+        f"{p.name} ({p.total_memory / 2**30:.0f} GiB, compute capability {p.major}.{p.minor}, "
+        f"{p.multi_processor_count} SMs), driver {driver_version()}; host {host()}; "
+        f"Python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}, "
+        f"cuDNN {torch.backends.cudnn.version()}), onnxruntime {onnxruntime.__version__}, "
+        f"onnxscript {onnxscript.__version__}, onnx-ir {version('onnx-ir')}, onnx {version('onnx')}, "
+        f"transformers {version('transformers')}, timm {version('timm')}, lort {lort.__version__}"
+    )
+
+
+def tf32_line() -> str:
+    import torch
+
+    return (
+        f"torch.backends.cuda.matmul.allow_tf32={torch.backends.cuda.matmul.allow_tf32}, "
+        f"torch.backends.cudnn.allow_tf32={torch.backends.cudnn.allow_tf32}, "
+        f"float32 matmul precision {torch.get_float32_matmul_precision()!r}"
+    )
+
+
+class Rows:
+    """Result rows of this run, merged with those an earlier run on the same device kept
+    in ``path`` (None: nothing kept). A row is a dict; ``key`` names the fields that
+    identify it (a later row with the same key replaces an earlier one)."""
+
+    def __init__(self, path: str | None, device: str, key: tuple[str, ...]):
+        self.path, self.device, self.key = path, device, key
+        self.earlier: list[dict] = []
+        self.runs = 1
+        if path and os.path.exists(path):
+            with open(path) as f:
+                data = json.load(f)
+            if data.get("device") == device:
+                self.earlier = list(data.get("rows", []))
+                self.runs = int(data.get("runs", 1)) + 1
+            else:
+                print(f"{path} holds rows from {data.get('device')!r}, not {device!r}: not merged", flush=True)
+        self.new: list[dict] = []
+
+    def add(self, row: dict) -> None:
+        self.new.append(row)
+        if self.path:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            with open(self.path, "w") as f:
+                json.dump({"device": self.device, "runs": self.runs, "rows": self.all()}, f, indent=1)
+
+    def all(self, order: dict | None = None) -> list[dict]:
+        """Every row, the newest for each key, sorted by ``order`` (field -> list)."""
+        by_key = {tuple(r[k] for k in self.key): r for r in self.earlier}
+        by_key.update({tuple(r[k] for k in self.key): r for r in self.new})
+        rows = list(by_key.values())
+        if order:
+            def rank(r):
+                return tuple(order[k].index(r[k]) if r[k] in order[k] else len(order[k]) for k in order)
+
+            rows.sort(key=rank)
+        return rows
