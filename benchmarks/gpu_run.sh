@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Runs lort's CUDA tests and benchmarks on a GPU machine (issue 10), from the checkout root.
+#
+# The GPU machine's image has torch 2.11.0+cu130, transformers, timm, onnx, onnxscript,
+# pytest, pytest-xdist and nvidia-ml-py, but only onnxruntime's CPU build, an old onnx-ir and
+# no package registry; a command there runs at most 10 minutes and receives at most 64 MiB.
+# So onnxruntime-gpu travels in pieces:
+#
+#   here (a machine with a package registry), once:
+#     bash ../shared/gpu/prepare.sh       # makes .gpu/c0 .. .gpu/cN and .gpu/last (git-ignored)
+#     bash benchmarks/gpu_run.sh plan     # prints the device calls below with the real piece names
+#
+#   then one device `run` call per line (carry = the folder named; each well under a minute):
+#     carry [".gpu/c0"]    bash benchmarks/gpu_run.sh piece .gpu/c0
+#     ...                  (every .gpu/cK in order)
+#     carry [".gpu/last"]  bash benchmarks/gpu_run.sh install tests        # ~1 + 5-8 minutes
+#     (no carry)           MODELS=bert,gpt2,llama bash benchmarks/gpu_run.sh bench
+#     (no carry)           MODELS=resnet50,vit_s16 bash benchmarks/gpu_run.sh bench
+#     (no carry)           bash benchmarks/gpu_run.sh memory
+#
+# Each call must follow the last within the machine's warm time (30 s idle) or the machine is
+# a fresh one: /tmp/site is gone and the pieces must be sent again ("install" says so).
+# Everything a step produces lands in $OUT (logs, test_cuda.xml, results_cuda.md/json,
+# cuda_memory.md/json), which the run tool brings back; copy results_cuda.md and
+# cuda_memory.md into benchmarks/ and commit them only from such a real run.
+# Benchmark rows accumulate across calls in $ROWS (default .gpu/bench, kept on the machine
+# between calls): if the machine was lost between bench calls, put the returned *.json into
+# .gpu/bench here and add ".gpu/bench" to the next call's carry.
+#
+# Steps (several may follow each other: `install tests`); settings by environment:
+#   plan      (here) check .gpu and print the calls to make
+#   piece DIR copy a carried piece into /tmp/gpu
+#   install   assemble onnxruntime-gpu and onnx-ir into /tmp/site (.gpu/last carried) and check
+#             that CUDAExecutionProvider loads
+#   info      nvidia-smi and versions
+#   tests     pytest tests/test_cuda.py (WORKERS parallel processes, default 8; PYTEST_ARGS
+#             added, e.g. PYTEST_ARGS='-k tf32'); TESTS_TIMEOUT seconds (default 500)
+#   bench     benchmarks/run.py --device cuda for MODELS (default all five) and SCENARIOS
+#             (default infer1,infer32,train32); BENCH_TIMEOUT seconds (default 540)
+#   memory    benchmarks/cuda_memory.py for MODELS with BACKENDS (default eager,lort),
+#             LORT_OPTIONS (JSON) for lort; MEMORY_TIMEOUT seconds (default 540)
+set -uo pipefail
+cd "$(git rev-parse --show-toplevel 2>/dev/null || pwd)"
+OUT=${OUT:-/tmp/lort_out}
+ROWS=${ROWS:-.gpu/bench}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+need_site() {
+  if [ ! -f /tmp/site/onnxruntime/capi/libonnxruntime_providers_cuda.so ]; then
+    echo "onnxruntime-gpu is not in /tmp/site: this is a fresh machine. Send the pieces again" \
+      "(bash benchmarks/gpu_run.sh plan, on the machine with the checkout), then 'install'." >&2
+    exit 3
+  fi
+  export PYTHONPATH=/tmp/site:$PWD/src
+}
+
+step_plan() {
+  local ready
+  ready=$(ls .gpu/ready-* 2>/dev/null | head -1)
+  if [ -z "$ready" ] || [ ! -d .gpu/last ]; then
+    echo "no .gpu pieces here: run bash ../shared/gpu/prepare.sh first (it downloads onnxruntime-gpu)" >&2
+    exit 2
+  fi
+  git check-ignore -q .gpu/last || { echo ".gpu is not git-ignored: it would travel with every call" >&2; exit 2; }
+  [ -f .gpu/last/install.sh ] || { echo ".gpu/last/install.sh missing: run ../shared/gpu/prepare.sh again" >&2; exit 2; }
+  echo "pieces (${ready#.gpu/ready-}):"; du -sh .gpu/c* .gpu/last
+  echo
+  echo "device run calls, in order, each right after the last:"
+  for d in .gpu/c*; do
+    echo "  carry [\"$d\"]  command: bash benchmarks/gpu_run.sh piece $d"
+  done
+  echo "  carry [\".gpu/last\"]  command: bash benchmarks/gpu_run.sh install tests"
+  echo "  command: MODELS=bert,gpt2,llama bash benchmarks/gpu_run.sh bench"
+  echo "  command: MODELS=resnet50,vit_s16 bash benchmarks/gpu_run.sh bench"
+  echo "  command: bash benchmarks/gpu_run.sh memory"
+}
+
+step_piece() {
+  local dir=$1
+  [ -d "$dir" ] || { echo "piece $dir was not carried (name it in the call's carry)" >&2; exit 2; }
+  mkdir -p /tmp/gpu && cp "$dir"/* /tmp/gpu/ && ls -la /tmp/gpu
+}
+
+step_install() {
+  [ -f .gpu/last/install.sh ] || { echo ".gpu/last was not carried (name it in the call's carry)" >&2; exit 2; }
+  ls /tmp/gpu/cuda.part.* >/dev/null 2>&1 || { echo "no pieces in /tmp/gpu: send .gpu/c* first ('piece')" >&2; exit 2; }
+  bash .gpu/last/install.sh 2>&1 | tee "$OUT/install.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "install failed (see above)" >&2; exit 4; }
+}
+
+step_info() {
+  need_site
+  { nvidia-smi || true
+    python3 -c "
+import sys, torch, onnxruntime, onnxscript, onnx, transformers, timm
+import lort
+print('python', sys.version.split()[0], '| torch', torch.__version__, 'cuda', torch.version.cuda,
+      '| onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers(),
+      '| onnxscript', onnxscript.__version__, '| onnx', onnx.__version__,
+      '| transformers', transformers.__version__, '| timm', timm.__version__, '| lort', lort.__version__)
+print('devices:', [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])"
+  } 2>&1 | tee "$OUT/info.log"
+}
+
+step_tests() {
+  need_site
+  local par=()
+  if python3 -c "import xdist" 2>/dev/null && [ "${WORKERS:-8}" != 0 ]; then par=(-n "${WORKERS:-8}"); fi
+  # shellcheck disable=SC2086
+  timeout -s INT "${TESTS_TIMEOUT:-500}" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider ${par[@]+"${par[@]}"} \
+    --durations=25 --junitxml="$OUT/test_cuda.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test_cuda.log"
+  echo "pytest exit status ${PIPESTATUS[0]} (124: stopped by TESTS_TIMEOUT)"
+}
+
+step_bench() {
+  need_site
+  mkdir -p "$ROWS"
+  timeout -s INT "${BENCH_TIMEOUT:-540}" python3 benchmarks/run.py --device cuda \
+    ${MODELS:+--models "$MODELS"} ${SCENARIOS:+--scenarios "$SCENARIOS"} \
+    --json "$ROWS/results_cuda.json" --out "$ROWS/results_cuda.md" 2>&1 | tee -a "$OUT/bench.log"
+  echo "benchmark exit status ${PIPESTATUS[0]} (124: stopped by BENCH_TIMEOUT; rows measured so far are kept)"
+  cp "$ROWS"/results_cuda.* "$OUT/" 2>/dev/null || true
+}
+
+step_memory() {
+  need_site
+  mkdir -p "$ROWS"
+  local opts=${LORT_OPTIONS:-"{}"}
+  timeout -s INT "${MEMORY_TIMEOUT:-540}" python3 benchmarks/cuda_memory.py \
+    ${MODELS:+--models "$MODELS"} --backends "${BACKENDS:-eager,lort}" --lort-options "$opts" \
+    --json "$ROWS/cuda_memory.json" --out "$ROWS/cuda_memory.md" 2>&1 | tee -a "$OUT/memory.log"
+  echo "memory benchmark exit status ${PIPESTATUS[0]} (124: stopped by MEMORY_TIMEOUT; finished models are kept)"
+  cp "$ROWS"/cuda_memory.* "$OUT/" 2>/dev/null || true
+}
+
+[ $# -gt 0 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    plan) step_plan ;;
+    piece) [ $# -ge 2 ] || { echo "piece needs the carried folder, e.g. piece .gpu/c0" >&2; exit 2; }
+           step_piece "$2"; shift ;;
+    install) step_install ;;
+    info) step_info ;;
+    tests) step_tests ;;
+    bench) step_bench ;;
+    memory) step_memory ;;
+    *) echo "unknown step $1 (plan, piece DIR, install, info, tests, bench, memory)" >&2; exit 2 ;;
+  esac
+  shift
+done
