@@ -14,9 +14,12 @@
 #     carry [".gpu/c0"]    bash benchmarks/gpu_run.sh piece .gpu/c0
 #     ...                  (every .gpu/cK in order)
 #     carry [".gpu/last"]  bash benchmarks/gpu_run.sh install tests        # ~1 + 5-8 minutes
-#     (no carry)           MODELS=bert,gpt2,llama bash benchmarks/gpu_run.sh bench
-#     (no carry)           MODELS=resnet50,vit_s16 bash benchmarks/gpu_run.sh bench
+#     (no carry)           MODELS=bert,gpt2 bash benchmarks/gpu_run.sh bench
+#     (no carry)           MODELS=llama,vit_s16 bash benchmarks/gpu_run.sh bench
+#     (no carry)           MODELS=resnet50 bash benchmarks/gpu_run.sh bench
 #     (no carry)           bash benchmarks/gpu_run.sh memory
+# (timeout_s 600 for each; a bench call that stops at BENCH_TIMEOUT keeps its finished rows:
+# rerun what is missing with MODELS=... SCENARIOS=...)
 #
 # Each call must follow the last within the machine's warm time (30 s idle) or the machine is
 # a fresh one: /tmp/site is gone and the pieces must be sent again ("install" says so).
@@ -71,8 +74,9 @@ step_plan() {
     echo "  carry [\"$d\"]  command: bash benchmarks/gpu_run.sh piece $d"
   done
   echo "  carry [\".gpu/last\"]  command: bash benchmarks/gpu_run.sh install tests"
-  echo "  command: MODELS=bert,gpt2,llama bash benchmarks/gpu_run.sh bench"
-  echo "  command: MODELS=resnet50,vit_s16 bash benchmarks/gpu_run.sh bench"
+  echo "  command: MODELS=bert,gpt2 bash benchmarks/gpu_run.sh bench"
+  echo "  command: MODELS=llama,vit_s16 bash benchmarks/gpu_run.sh bench"
+  echo "  command: MODELS=resnet50 bash benchmarks/gpu_run.sh bench"
   echo "  command: bash benchmarks/gpu_run.sh memory"
 }
 
