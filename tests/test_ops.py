@@ -17,8 +17,7 @@ runs it on CPU with inputs built from a fixed seed, and checks
 
 Cases for the known-wrong translations use inputs that expose the bug, so removing an
 entry from ``_known_wrong`` fails its case on the values. Known bugs not fixed yet are
-strict xfails that state the bug (NaN semantics of ORT's max/argmax/TopK/MaxPool/Sign,
-int64 ReduceSum, zero-size outputs, two decomposition-table crashes).
+strict xfails that state the bug (int64 ReduceSum, zero-size outputs, two decomposition-table crashes).
 
 Tolerances: 1e-5 (abs and rel) for elementwise float32 ops, which ORT and PyTorch compute
 with the same formula up to the last bits of libm/vectorized approximations. Reductions,
@@ -138,6 +137,9 @@ WRONG_BETA0 = "beta == 0"
 WRONG_DIVISOR = "ignores divisor_override"
 WRONG_SCATTER_MEAN = "no 'mean' reduction"
 WRONG_INT_MEAN = "mean of an integer tensor"
+WRONG_NAN_ORDER = "does not order NaN"
+SORT_NAN = {"aten.sort.default": WRONG_NAN_ORDER}
+TOPK_NAN = {"aten.topk.default": WRONG_NAN_ORDER}
 
 AVG_POOL_BACKWARD = {"aten.avg_pool2d_backward.default": NO_TRANSLATION}
 
@@ -633,23 +635,32 @@ CASES: list[Case] = [
     C("kl_div", lambda x, t: F.kl_div(F.log_softmax(x, -1), t, reduction="batchmean"),
       lambda: (f32(3, 4), F.softmax(f32(3, 4), -1)), **RED),
     # ---- sorting ---------------------------------------------------------------------
-    C("topk", lambda x: torch.topk(x, 3, dim=-1), lambda: (f32(3, 6),)),
-    C("topk_smallest", lambda x: torch.topk(x, 2, dim=0, largest=False), lambda: (f32(5, 3),)),
-    C("sort", lambda x: torch.sort(x, dim=-1), lambda: (f32(3, 6),)),
-    C("sort_descending", lambda x: torch.sort(x, dim=0, descending=True), lambda: (f32(5, 3),)),
+    # Float sort/topk run in PyTorch (NaN ordering, see the NaN cases); integer ones in ORT.
+    C("topk", lambda x: torch.topk(x, 3, dim=-1), lambda: (f32(3, 6),), fallback=TOPK_NAN),
+    C("topk_smallest", lambda x: torch.topk(x, 2, dim=0, largest=False), lambda: (f32(5, 3),), fallback=TOPK_NAN),
+    C("sort", lambda x: torch.sort(x, dim=-1), lambda: (f32(3, 6),), fallback=SORT_NAN),
+    C("sort_descending", lambda x: torch.sort(x, dim=0, descending=True), lambda: (f32(5, 3),), fallback=SORT_NAN),
     C("argsort_int", lambda x: torch.argsort(x, dim=-1), lambda: (perm_i64(3, 6),), grad=False),
-    C("msort", torch.msort, lambda: (f32(4, 3),)),
+    C("topk_int", lambda x: torch.topk(x, 3, dim=-1), lambda: (perm_i64(3, 6),), grad=False),
+    C("msort", torch.msort, lambda: (f32(4, 3),), fallback=SORT_NAN),
     # ---- known bugs, not fixed (see the xfail reasons) --------------------------------
-    C("nan_reductions", lambda x: (x.amax(1), x.amin(0), x.max()), lambda: (_with_nans(),), grad=False,
-      xfail="NaN propagation: ORT's ReduceMax/ReduceMin skip NaN where PyTorch's amax/amin/max return NaN"),
-    C("nan_argmax", lambda x: (x.argmax(1), x.argmin(1), torch.max(x, 1)), lambda: (_with_nans(),), grad=False,
-      xfail="NaN propagation: ORT's ArgMax/ArgMin skip NaN where PyTorch treats NaN as the extreme value"),
-    C("nan_sort_topk", lambda x: (torch.sort(x, 1), torch.topk(x, 2, 1)), lambda: (_with_nans(),), grad=False,
-      xfail="NaN ordering: ORT's TopK does not sort NaN as the largest value as PyTorch's sort/topk do"),
-    C("nan_max_pool2d", lambda x: F.max_pool2d(x[None, None], 2, 1), lambda: (_with_nans(),), grad=False,
-      xfail="NaN propagation: ORT's MaxPool skips NaN where PyTorch's max_pool2d returns NaN"),
-    C("nan_sign", torch.sign, lambda: (_with_nans(),), grad=False,
-      xfail="torch.sign(nan) is 0 in PyTorch, NaN in ORT's Sign"),
+    # ---- NaN semantics (README "NaN semantics"): ORT's ReduceMax/ArgMax/MaxPool skip NaN
+    # and its Sign gives NaN; lort's decompositions add an isnan-based select, and float
+    # sort/topk run in PyTorch (known wrong: ORT's TopK does not order NaN last).
+    C("nan_reductions", lambda x: (x.amax(1), x.amin(0), x.max(), x.min(), x.amax((0, 1), keepdim=True)),
+      lambda: (_with_nans(),), grad=False),
+    C("nan_reductions_grad", lambda x: (x.amax(1), torch.max(x, 0)), lambda: (_with_nans(rows=4),),
+      grad_args=(0,)),
+    C("nan_argmax", lambda x: (x.argmax(1), x.argmin(1), torch.max(x, 1), torch.min(x, 0), x.argmax()),
+      lambda: (_with_nans(),), grad=False),
+    C("nan_sort_topk", lambda x: (torch.sort(x + 1, 1), torch.topk(x + 1, 2, 1), torch.sort(x + 1, 0, descending=True)),
+      lambda: (_with_nans(),), grad=False,
+      fallback={"aten.sort.default": WRONG_NAN_ORDER, "aten.topk.default": WRONG_NAN_ORDER}),
+    C("nan_max_pool2d", lambda x: F.max_pool2d(x[None, None], 2, 1, return_indices=True), lambda: (_with_nans(),),
+      grad=False),
+    C("nan_max_pool2d_pad_grad", lambda x: F.max_pool2d(x, 3, 2, padding=1),
+      lambda: (torch.where(torch.rand(2, 3, 7, 7) < 0.2, NAN, torch.randn(2, 3, 7, 7)),)),
+    C("nan_sign", torch.sign, lambda: (_with_nans(),), grad=False),
     C("sum_int64_beyond_2_53", lambda a: a.sum() + 0, lambda: (torch.tensor([2**53 + 1, 2]),), grad=False,
       xfail="ORT's ReduceSum on int64 loses precision beyond 2**53 (9007199254740995 -> ...994): "
       "it seems to accumulate in double"),
@@ -662,8 +673,12 @@ CASES: list[Case] = [
 ]
 
 
-def _with_nans():
-    return torch.tensor([[1.0, NAN, 3.0], [-2.0, 0.5, NAN], [NAN, NAN, 1.0]])
+def _with_nans(rows=3):
+    """Rows with one NaN, two NaNs, none (row 3 when rows=4), and -inf/inf beside NaN."""
+    x = torch.tensor([[1.0, NAN, 3.0], [-2.0, 0.5, NAN], [NAN, NAN, 1.0], [-INF, 2.0, INF]])
+    if rows == 3:
+        x[2, 2] = -INF
+    return x[:rows].clone()
 
 
 def _setitem(x, v):

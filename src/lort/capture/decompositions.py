@@ -15,11 +15,15 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
   (no torch_lib translation), is written as the attention, feed-forward and layer
   norms it computes; with an attention mask it stays whole (runs in PyTorch).
 * integer ``div(..., rounding_mode="floor")`` becomes ``floor_divide``.
+* NaN semantics: amax/amin/max/min, argmax/argmin, max_pool and sign get an isnan-based
+  select after the op, so ORT's results follow PyTorch's on inputs with NaN (below).
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import threading
 
 import torch
 
@@ -123,6 +127,136 @@ def div_floor_integer(a, b, *, rounding_mode=None):
     return aten.floor_divide.default(a, b)
 
 
+# -- NaN semantics ------------------------------------------------------------------
+# ORT's ReduceMax/ReduceMin, ArgMax/ArgMin and MaxPool skip NaN (NaN compares false) and
+# its Sign returns NaN for NaN, where PyTorch's amax/amin/max/min and max_pool propagate
+# NaN, argmax/argmin/max.dim point at the first NaN, max_pool's indices at the last NaN
+# of the window, and sign(NaN) is 0. Each decomposition below keeps the op whole and
+# fixes its result where the input has a NaN (an isnan-based select). The op itself is
+# called inside its own decomposition: ``_nan_fix`` makes that inner call trace as is.
+_NAN_FIX_ACTIVE = threading.local()
+
+
+def _nan_fix(op):
+    """A decomposition of ``op`` that calls ``op``: the inner call is not decomposed again."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def decomposition(*args, **kwargs):
+            active = getattr(_NAN_FIX_ACTIVE, "ops", None)
+            if active is None:
+                active = _NAN_FIX_ACTIVE.ops = set()
+            x = args[0]
+            if op in active or not x.dtype.is_floating_point:
+                return NotImplemented
+            active.add(op)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                active.discard(op)
+
+        decomposition.nan_fix_of = op
+        return decomposition
+
+    return wrap
+
+
+def _any_nan(x, dim, keepdim):
+    """isnan(x).any over ``dim`` (None or [] for every dimension), as amax reduces."""
+    nan = aten.isnan.default(x)
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        out = aten.any.default(nan)
+        if keepdim:
+            out = aten.view.default(out, [1] * x.dim())
+        return out
+    dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    return aten.any.dims(nan, dims, keepdim)
+
+
+def _first_nan(x, dim, keepdim):
+    """The index of the first NaN along ``dim`` (argmax's convention)."""
+    return aten.argmax.default(aten._to_copy.default(aten.isnan.default(x), dtype=x.dtype), dim, keepdim)
+
+
+def _reduction_nan_fix(op):
+    @_nan_fix(op)
+    def reduce(x, dim=(), keepdim=False):
+        return aten.masked_fill.Scalar(op(x, dim, keepdim), _any_nan(x, dim, keepdim), float("nan"))
+
+    return reduce
+
+
+def _full_reduction_nan_fix(op):
+    @_nan_fix(op)
+    def reduce(x):
+        return aten.masked_fill.Scalar(op(x), aten.any.default(aten.isnan.default(x)), float("nan"))
+
+    return reduce
+
+
+def _values_indices_nan_fix(op):
+    @_nan_fix(op)
+    def reduce(x, dim, keepdim=False):
+        values, indices = op(x, dim, keepdim)
+        has_nan = _any_nan(x, dim, keepdim)
+        values = aten.masked_fill.Scalar(values, has_nan, float("nan"))
+        return values, aten.where.self(has_nan, _first_nan(x, dim, keepdim), indices)
+
+    return reduce
+
+
+def _arg_nan_fix(op):
+    @_nan_fix(op)
+    def arg(x, dim=None, keepdim=False):
+        if dim is None and keepdim:
+            return NotImplemented  # argmax(dim=None, keepdim=True): rare, left whole
+        return aten.where.self(_any_nan(x, dim, keepdim), _first_nan(x, dim, keepdim), op(x, dim, keepdim))
+
+    return arg
+
+
+@_nan_fix(aten.sign.default)
+def sign_nan(x):
+    return aten.masked_fill.Scalar(aten.sign.default(x), aten.isnan.default(x), 0.0)
+
+
+def _max_pool_nan_fix(op, nd):
+    @_nan_fix(op)
+    def pool(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+        values, indices = op(x, kernel_size, stride, padding, dilation, ceil_mode)
+        spatial = list(x.shape[-nd:])
+        plane = math.prod(spatial)
+        pos_dtype = torch.float32 if plane <= 2**24 else torch.float64  # exact positions
+        pos = aten.view.default(aten.arange.start_step(0, plane, 1, dtype=pos_dtype, device=x.device), spatial)
+        nan = aten.isnan.default(x)
+        # The last NaN of each window (PyTorch's index there), -1 where there is none.
+        nan_pos = op(aten.where.self(nan, pos, aten.scalar_tensor.default(-1.0, dtype=pos_dtype, device=x.device)),
+                     kernel_size, stride, padding, dilation, ceil_mode)[0]
+        has_nan = aten.ge.Scalar(nan_pos, 0)
+        values = aten.masked_fill.Scalar(values, has_nan, float("nan"))
+        indices = aten.where.self(has_nan, aten._to_copy.default(nan_pos, dtype=torch.int64), indices)
+        return values, indices
+
+    return pool
+
+
+def nan_decompositions() -> dict:
+    """The decompositions that give ORT's graphs PyTorch's NaN semantics."""
+    out = {}
+    for op in (aten.amax.default, aten.amin.default):
+        out[op] = _reduction_nan_fix(op)
+    for op in (aten.max.default, aten.min.default):
+        out[op] = _full_reduction_nan_fix(op)
+    for op in (aten.max.dim, aten.min.dim):
+        out[op] = _values_indices_nan_fix(op)
+    for op in (aten.argmax.default, aten.argmin.default):
+        out[op] = _arg_nan_fix(op)
+    out[aten.sign.default] = sign_nan
+    out[aten.max_pool2d_with_indices.default] = _max_pool_nan_fix(aten.max_pool2d_with_indices.default, 2)
+    out[aten.max_pool3d_with_indices.default] = _max_pool_nan_fix(aten.max_pool3d_with_indices.default, 3)
+    return out
+
+
 def implemented_names(options: Options) -> tuple[str, ...] | None:
     """The ATen overloads torch_lib translates, from the disk cache when it has them
     (building them takes torch_lib's whole registry, seconds), else built and stored.
@@ -156,4 +290,5 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     decomps[aten._transformer_encoder_layer_fwd.default] = transformer_encoder_layer_fwd
     decomps[aten.div.Tensor_mode] = div_floor_integer
     decomps[aten.div.Scalar_mode] = div_floor_integer
+    decomps.update(nan_decompositions())
     return decomps

@@ -134,6 +134,10 @@ def _known_wrong() -> dict:
         "a - floor(a / b) * b; PyTorch works from fmod, exactly, so they differ when a / b "
         "rounds to an integer (7.0 // 0.1 is 69 in PyTorch, 70 in ORT; 7.0 % 0.1 is 0.1 vs 0)"
     )
+    nan_order = (
+        "ORT's TopK does not order NaN as PyTorch's sort/topk do (NaN is the largest value); "
+        "float sort/topk run in PyTorch, since NaN is possible in any float input"
+    )
     return {
         aten._native_batch_norm_legit_functional.default: (
             "torch_lib's training-mode batch norm (ONNX BatchNormalization training_mode=1) "
@@ -192,6 +196,10 @@ def _known_wrong() -> dict:
             "torch_lib's mean of an integer tensor with dtype= averages in the integer type "
             "(ReduceMean truncates) and casts afterwards",
         ),
+        # NaN ordering (lort's NaN decision for sort/topk; see README "NaN semantics").
+        aten.sort.default: _when(lambda n: _is_float_arg(n, 0), nan_order),
+        aten.sort.stable: _when(lambda n: _is_float_arg(n, 0), nan_order),
+        aten.topk.default: _when(lambda n: _is_float_arg(n, 0), nan_order),
         aten.copy.default: _when(
             lambda n: _arg_shape(n, 0) != _arg_shape(n, 1),
             "torch_lib's copy is CastLike(src, self): it does not broadcast src to self's "
