@@ -39,10 +39,9 @@ logger = logging.getLogger("lort")
 _installed = False
 _warned = False
 
-_ADVICE = (
-    "compile the model inside DDP instead: DDP(torch.compile(model, backend='lort')), "
-    "or model.compile(backend='lort') before wrapping it in DDP"
-)
+# Not model.compile(): Module.compile of a module whose forward Dynamo skips gives no
+# graph either (torch 2.13, with any backend).
+_ADVICE = "compile the model inside DDP instead: DDP(torch.compile(model, backend='lort'))"
 
 
 def skipped_root_reason(module: torch.nn.Module) -> str | None:
