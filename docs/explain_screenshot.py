@@ -1,9 +1,11 @@
 """Makes docs/explain.png, the README's picture of ``ExplainReport.save_html``: one
-training step of a ResNet-18 (timm, random weights) through lort with default options,
-rendered by headless Chromium (Debian: apt-get install chromium) and reduced to a
-256-colour PNG.
+training step of a ResNet-18 (timm, random weights, batch 8 of 64x64 images) through
+lort with executor="ort" (every group in ORT, so the picture shows the partition;
+executor="auto" may run a whole graph eagerly, drawn as one grey box), rendered by
+headless Chromium (Debian: apt-get install chromium) and reduced to a 256-colour PNG.
+The times on it are those of the run that made it.
 
-    python docs/explain_screenshot.py [out.png]
+    python docs/explain_screenshot.py [out.png]     # LORT_SCREENSHOT_HTML=x.html keeps the page
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ def main(out: str) -> None:
         sys.exit("chromium is not installed (Debian: apt-get install chromium)")
     model, args = CASES["resnet18"].make(batch=8)
     report = lort.explain(model, *args)
+    keep = os.environ.get("LORT_SCREENSHOT_HTML")
+    if keep:
+        report.save_html(keep)
     with tempfile.TemporaryDirectory() as tmp:
         page = report.save_html(os.path.join(tmp, "lort.html"))
         png = os.path.join(tmp, "shot.png")
@@ -35,7 +40,7 @@ def main(out: str) -> None:
                 chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 f"--user-data-dir={os.path.join(tmp, 'profile')}", f"--screenshot={png}",
-                "--window-size=1400,1000", f"file://{os.path.abspath(page)}",
+                "--window-size=1400,1350", f"file://{os.path.abspath(page)}",
             ],
             check=True,
             capture_output=True,
@@ -48,5 +53,8 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("LORT_EXECUTOR", "ort")  # read when lort.explain makes its backend
+    os.environ.setdefault("LORT_DISK_CACHE", "0")
     torch.manual_seed(0)
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
     main(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "explain.png"))

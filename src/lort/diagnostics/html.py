@@ -44,7 +44,7 @@ section { background:#fff; border:1px solid var(--line); border-radius:12px; pad
 .bar { height:8px; border-radius:5px; background:#fde0c5; overflow:hidden; margin:4px 0 10px; max-width:520px; }
 .bar > div { height:100%; background:#5b8fc7; }
 .graph { overflow:auto; border:1px solid var(--line); border-radius:10px; background:#fcfdff; padding:8px;
-  max-height:1100px; text-align:center; }
+  max-height:820px; text-align:center; }
 svg.lort-graph { max-width:100%; height:auto; font-family:system-ui,"Helvetica Neue",Arial,sans-serif; }
 svg.lort-graph g.node a:hover > :first-child, svg.lort-graph g.node a:hover path, svg.lort-graph g.node a:hover polygon
   { stroke-width:2.6; }
