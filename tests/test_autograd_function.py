@@ -24,6 +24,12 @@ import lort
 from lort.backend import LortBackend
 from lort.capture import autograd_function as af
 
+# On a torch below af.MIN_TORCH the feature is off (one warning at lort's import) and
+# untraceable functions graph-break as with other backends: nothing here applies.
+pytestmark = pytest.mark.skipif(
+    not af.install(), reason=f"opaque autograd.Function support is off on torch {torch.__version__}: {af.unavailable_reason}"
+)
+
 RTOL, ATOL = 1e-5, 1e-6
 
 

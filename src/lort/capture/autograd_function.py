@@ -439,18 +439,16 @@ def infer_outputs(entry: _Entry, fake_mode, fakes: list[torch.Tensor]) -> None:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import (
-        _ignore_fresh_unbacked_symbols_tls_context,
-        free_unbacked_symbols,
-        is_concrete_int,
-    )
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, is_concrete_int
 
     static = all(is_concrete_int(s) for f in fakes for s in (*f.shape, *f.stride()))
     try:
         # Static shapes: a fresh fake mode without a shape env, so .item() and the like
         # fail cleanly instead of adding unbacked symbols to Dynamo's shape env.
         mode = FakeTensorMode() if static else fake_mode
-        ignore = contextlib.nullcontext() if static else _ignore_fresh_unbacked_symbols_tls_context()
+        shape_env = None if static else getattr(fake_mode, "shape_env", None)
+        # ShapeEnv's method (torch 2.11 to 2.13; 2.13 also has a module-level context).
+        ignore = contextlib.nullcontext() if shape_env is None else shape_env.ignore_fresh_unbacked_symbols()
         with mode, ignore:
             inputs = [torch.empty_strided(f.shape, f.stride(), dtype=f.dtype, device=f.device) for f in fakes]
             _run_forward_for_metadata(entry, inputs)
@@ -490,6 +488,11 @@ def infer_outputs(entry: _Entry, fake_mode, fakes: list[torch.Tensor]) -> None:
 
 _installed = False
 _orig_call_apply = None
+#: The torch release lort's opaque autograd.Function support is tested on. On torch
+#: 2.11 it gave wrong gradients (a numpy-based function's input gradient was zero) and
+#: Dynamo refused its identity guard on dict arguments; below this release the feature
+#: stays off and such functions graph-break, as with any other backend.
+MIN_TORCH = (2, 13)
 #: Marker attribute of lort backends (LortBackend, lort_backend, or anything wrapping them).
 BACKEND_MARKER = "_lort_backend"
 
@@ -565,6 +568,10 @@ def install() -> bool:
     if unavailable_reason is not None:
         return False
     try:
+        if tuple(int(p) for p in torch.__version__.split(".")[:2]) < MIN_TORCH:
+            raise UnsupportedVersionError(
+                f"it is tested on torch {MIN_TORCH[0]}.{MIN_TORCH[1]} and gave wrong gradients on torch 2.11"
+            )
         api = _dynamo_internals()
         check_torch_internals()
     except UnsupportedVersionError as e:
