@@ -3,12 +3,14 @@
 Supported producer -> consumer pairs are merged into fusion groups until nothing
 changes. A merge is refused when
 
-* it would create a cycle: some path leaves the two groups through a node outside
-  them and comes back (the merged group could not be placed anywhere valid);
+* it would create a cycle in the quotient graph (each group contracted to one vertex):
+  some path leads from one group to the other through a third unit, a PyTorch node or
+  another group (the merged group could not be placed anywhere valid);
 * it crosses a mutation: a node that mutates a tensor is ordered after every earlier
-  reader of that tensor and before every later one, and those ordering edges count as
-  paths like data edges do;
-* the merged group would have more than ``max_args`` inputs plus outputs.
+  reader or writer of that tensor or an alias of it and before every later one
+  (``dependencies.py``), and those ordering edges count as paths like data edges do;
+* the merged group would have more than ``max_args`` inputs plus outputs (a node or a
+  multi-output node with its items over the limit on its own stays in PyTorch).
 
 A group made only of view ops is dissolved (it would only copy in ORT). Each group
 then becomes a GraphModule of its own, cleaned by dead-code elimination, common
@@ -24,6 +26,8 @@ from typing import Callable, Iterable
 
 import torch
 import torch.fx
+
+from .dependencies import DepGraph
 
 
 @dataclasses.dataclass
@@ -46,106 +50,6 @@ def is_view_op(node: torch.fx.Node) -> bool:
 
 
 _VIEW_LIKE = {torch.ops.aten._unsafe_view.default}
-
-
-def _mutated_args(node: torch.fx.Node) -> list[torch.fx.Node]:
-    target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
-        return []
-    out = []
-    schema = target._schema
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            if isinstance(value, torch.fx.Node):
-                out.append(value)
-    return out
-
-
-def _aliased_input(node: torch.fx.Node) -> torch.fx.Node | None:
-    """The input whose storage ``node``'s output shares (a view, an in-place op's
-    result, an item of a list of views), or None."""
-    if node.op != "call_function":
-        return None
-    target = node.target
-    if target is operator.getitem:
-        src = node.args[0]
-        if isinstance(src, torch.fx.Node) and isinstance(src.target, torch._ops.OpOverload):
-            if any(r.alias_info is not None for r in src.target._schema.returns):
-                return src
-        return None
-    if not isinstance(target, torch._ops.OpOverload):
-        return None
-    schema = target._schema
-    sets = set()
-    any_set = False  # a list of views (split's Tensor(a)[]) has its alias set on the items
-    for r in schema.returns:
-        if r.alias_info is not None:
-            sets |= set(r.alias_info.before_set)
-            any_set = any_set or not r.alias_info.before_set
-    if not sets and not any_set:
-        return None
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is not None and (any_set or sets & set(arg.alias_info.before_set)):
-            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            if isinstance(value, torch.fx.Node):
-                return value
-    return None
-
-
-def _alias_classes(nodes: list[torch.fx.Node]) -> dict[torch.fx.Node, list[torch.fx.Node]]:
-    """For each node, the nodes whose values share its storage (itself included)."""
-    parent = {n: n for n in nodes}
-
-    def find(n):
-        while parent[n] is not n:
-            parent[n] = parent[parent[n]]
-            n = parent[n]
-        return n
-
-    for n in nodes:
-        src = _aliased_input(n)
-        if src is not None and src in parent:
-            parent[find(n)] = find(src)
-    classes: dict[torch.fx.Node, list[torch.fx.Node]] = {}
-    for n in nodes:
-        classes.setdefault(find(n), []).append(n)
-    return {n: classes[find(n)] for n in nodes}
-
-
-class _DepGraph:
-    """Data edges plus the ordering edges that mutations impose, all index-increasing.
-
-    A node that mutates a tensor is ordered after every earlier reader or writer of that
-    tensor's storage (the tensor, its views, in-place results) and before every later one.
-    """
-
-    def __init__(self, nodes: list[torch.fx.Node]):
-        self.index = {n: i for i, n in enumerate(nodes)}
-        self.succ: dict[torch.fx.Node, set[torch.fx.Node]] = {n: set() for n in nodes}
-        self.pred: dict[torch.fx.Node, set[torch.fx.Node]] = {n: set() for n in nodes}
-        for n in nodes:
-            for p in n.all_input_nodes:
-                self._add(p, n)
-        mutations = [(m, t) for m in nodes for t in _mutated_args(m)]
-        if not mutations:
-            return
-        aliases = _alias_classes(nodes)
-        for m, tensor in mutations:
-            for alias in aliases[tensor]:
-                for user in alias.users:
-                    if user is m:
-                        continue
-                    if self.index[user] < self.index[m]:
-                        self._add(user, m)
-                    else:
-                        self._add(m, user)
-
-    def _add(self, a: torch.fx.Node, b: torch.fx.Node) -> None:
-        if a is b:
-            return
-        self.succ[a].add(b)
-        self.pred[b].add(a)
 
 
 def _boundary(members: set[torch.fx.Node], ordered: Iterable[torch.fx.Node]):
@@ -195,7 +99,7 @@ class Fuser:
         max_args: int = 128,
     ):
         self.nodes = list(graph.nodes)
-        self.deps = _DepGraph(self.nodes)
+        self.deps = DepGraph(self.nodes)
         self.max_args = max_args
         self.unit: dict[torch.fx.Node, _Unit] = {}
         self.slots: list[_Unit | None] = []
@@ -411,7 +315,7 @@ def schedule(graph: torch.fx.Graph, groups: list[FusionGroup]) -> list:
     ``graph`` run: topological over data and mutation-ordering edges, each unit as early
     as its first node allows."""
     nodes = list(graph.nodes)
-    deps = _DepGraph(nodes)
+    deps = DepGraph(nodes)
     index = deps.index
     unit_of: dict[torch.fx.Node, object] = {n: n for n in nodes}
     for grp in groups:
