@@ -145,3 +145,57 @@ class Rows:
 
             rows.sort(key=rank)
         return rows
+
+
+def kernel_profile(step, steps: int = 5) -> dict:
+    """Where a step's time goes on the GPU: per step, the milliseconds of device work
+    (every kernel CUPTI saw, ORT's and cuBLAS's included), of that the copies and fills,
+    the number of device activities, and the five longest kernels, from torch.profiler
+    over ``steps`` calls after one untraced call. Set against the step's time, a small
+    kernel share means the step waits on the host (launches, Python, syncs)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+        device = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        total = sum(e.self_device_time_total for e in device)
+        copies = sum(e.self_device_time_total for e in device if e.key.lower().startswith(("memcpy", "memset")))
+        top = sorted(device, key=lambda e: -e.self_device_time_total)[:5]
+        return {
+            "kernel_ms": total / 1e3 / steps,
+            "copy_ms": copies / 1e3 / steps,
+            "launches": sum(e.count for e in device) / steps,
+            "top": [(e.key[:60], e.self_device_time_total / 1e3 / steps) for e in top],
+        }
+    except Exception as e:  # noqa: BLE001 - a profile is extra information
+        return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+
+
+def profile_table(rows: list[dict], backends: list[str]) -> list[str]:
+    """Markdown lines of the profiles kept in ``rows`` (row["profile"][backend])."""
+    lines = [
+        "| model | run | backend | time ms | GPU work ms | of it copies ms | device activities per step | longest kernels (ms per step) |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        for b in backends:
+            p = r.get("profile", {}).get(b)
+            if not p:
+                continue
+            t = r["times"].get(b)
+            t_ms = f"{t * 1e3:.3f}" if t else "-"
+            if "error" in p:
+                lines.append(f"| {r['model']} | {r['scenario']} | {b} | {t_ms} | profile failed: {p['error']} | | | |")
+                continue
+            top = "; ".join(f"{k} {v:.3f}" for k, v in p["top"])
+            lines.append(
+                f"| {r['model']} | {r['scenario']} | {b} | {t_ms} | {p['kernel_ms']:.3f} | {p['copy_ms']:.3f} "
+                f"| {p['launches']:.0f} | {top} |"
+            )
+    return lines

@@ -39,7 +39,8 @@
 #   tests     pytest tests/test_cuda.py (WORKERS parallel processes, default 8; PYTEST_ARGS
 #             added, e.g. PYTEST_ARGS='-k tf32'); TESTS_TIMEOUT seconds (default 500)
 #   bench     benchmarks/run.py --device cuda for MODELS (default all five) and SCENARIOS
-#             (default infer1,infer32,train32); BENCH_TIMEOUT seconds (default 540)
+#             (default infer1,infer32,train32), with --profile unless PROFILE=0 (where each step's
+#             GPU time goes, for the note on cases slower than inductor); BENCH_TIMEOUT seconds (540)
 #   memory    benchmarks/cuda_memory.py for MODELS with BACKENDS (default eager,lort),
 #             LORT_OPTIONS (JSON) for lort; MEMORY_TIMEOUT seconds (default 540)
 set -uo pipefail
@@ -121,7 +122,7 @@ step_bench() {
   need_site
   mkdir -p "$ROWS"
   timeout -s INT "${BENCH_TIMEOUT:-540}" python3 benchmarks/run.py --device cuda \
-    ${MODELS:+--models "$MODELS"} ${SCENARIOS:+--scenarios "$SCENARIOS"} \
+    ${MODELS:+--models "$MODELS"} ${SCENARIOS:+--scenarios "$SCENARIOS"} $([ "${PROFILE:-1}" = 0 ] || echo --profile) \
     --json "$ROWS/results_cuda.json" --out "$ROWS/results_cuda.md" 2>&1 | tee -a "$OUT/bench.log"
   echo "benchmark exit status ${PIPESTATUS[0]} (124: stopped by BENCH_TIMEOUT; rows measured so far are kept)"
   cp "$ROWS"/results_cuda.* "$OUT/" 2>/dev/null || true

@@ -148,10 +148,11 @@ def run(models, scenarios, min_time):
     return rows
 
 
-def run_cuda(models, scenarios, min_time, on_row):
+def run_cuda(models, scenarios, min_time, on_row, profile=False):
     """As run() on the current CUDA device. A backend that fails leaves its error in the
     row instead of stopping the run (``on_row`` is called after each row, so a run cut
-    short by the command's time limit keeps what it measured)."""
+    short by the command's time limit keeps what it measured). ``profile``: also where
+    each backend's step spends its time on the GPU (cuda_common.kernel_profile)."""
     sync = torch.cuda.synchronize
     rows = []
     for name in models:
@@ -176,6 +177,8 @@ def run_cuda(models, scenarios, min_time, on_row):
                 where=where_lort_ran(steps["lort"]) if "lort" in steps else "failed",
                 peak_mib=torch.cuda.max_memory_reserved() / 2**20,
             )
+            if profile:
+                row["profile"] = {b: cuda_common.kernel_profile(step) for b, step in steps.items()}
             rows.append(row)
             print(format_row(row), flush=True)
             on_row(row)
@@ -262,6 +265,15 @@ def cuda_report(rows: list, runs: int) -> str:
         *[format_row(r) for r in rows],
         "",
     ]
+    if any("profile" in r for r in rows):
+        lines += [
+            "Where the time goes (`--profile`): per step, device work seen by torch.profiler (CUPTI: ORT's",
+            "kernels too), of it memory copies and fills, and the longest kernels; time is the step's time above.",
+            "GPU work well below the time means the step waits on the host (launches, Python, synchronization).",
+            "",
+            *cuda_common.profile_table(rows, BACKENDS),
+            "",
+        ]
     done = [r for r in rows if set(r["times"]) == set(BACKENDS)]
     for s in CUDA_SCENARIOS:
         sel = [r for r in done if r["scenario"] == s]
@@ -312,7 +324,7 @@ def main_cuda(ap, a) -> None:
         with open(out, "w") as f:  # after each row: a run cut short keeps what it measured
             f.write(cuda_report(rows.all(order), rows.runs))
 
-    run_cuda(models, scenarios, a.min_time, save)
+    run_cuda(models, scenarios, a.min_time, save, profile=a.profile)
     if rows.new:
         print("\n".join(l for l in cuda_report(rows.all(order), rows.runs).splitlines() if l.startswith("- ")))
         print(f"wrote {out}" + (f" and {a.json}" if a.json else ""))
@@ -327,6 +339,7 @@ def main(argv=None):
     ap.add_argument("--min-time", type=float, default=1.0, help="seconds of timed calls per measurement")
     ap.add_argument("--out", default=None, help="default: benchmarks/results.md (cuda: results_cuda.md)")
     ap.add_argument("--json", default=None, help="cuda: keep rows in this file and merge earlier runs' rows")
+    ap.add_argument("--profile", action="store_true", help="cuda: also profile where each step's GPU time goes")
     a = ap.parse_args(argv)
     if a.device == "cuda":
         return main_cuda(ap, a)
