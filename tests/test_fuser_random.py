@@ -281,3 +281,30 @@ def test_random_graph_end_to_end(seed, monkeypatch):
     assert any("forced out" in reason for reason in reasons), reasons
     allowed = ("forced out", "left alone by the fuser", "torch_lib's copy is CastLike")
     assert all(any(a in reason for a in allowed) for reason in reasons), reasons
+
+
+def test_index_reduce_prod_end_to_end():
+    """The op whose backward graph made the fuser build a cycle (issue 11), against eager:
+    output and the gradients of the input and the source, zeros included."""
+    x = torch.randn(5, 3)
+    x[1, 1] = 0
+    src = torch.randn(4, 3)
+    src[2, 0] = 0
+    index = torch.tensor([0, 2, 0, 4])
+
+    def fn(x, src):
+        return x.index_reduce(0, index, src, "prod", include_self=True)
+
+    backend = lort.LortBackend({"executor": "ort", "mode": "ort"})
+    got_in = [x.clone().requires_grad_(), src.clone().requires_grad_()]
+    exp_in = [x.clone().requires_grad_(), src.clone().requires_grad_()]
+    got = torch.compile(fn, backend=backend)(*got_in)
+    expected = fn(*exp_in)
+    weight = torch.randn(5, 3)
+    (got * weight).sum().backward()
+    (expected * weight).sum().backward()
+    torch.testing.assert_close(got, expected)
+    for g, e in zip(got_in, exp_in):
+        torch.testing.assert_close(g.grad, e.grad)
+    backward = [r for r in backend.records if r.kind == "backward"]
+    assert backward and len(backward[0].groups) >= 2, [r.summary() for r in backend.records]
