@@ -153,6 +153,15 @@ def test_bad_layout_is_a_clear_error(reports, tmp_path):
         reports["inference"].save_html(tmp_path / "x.html", layout="neato")
 
 
+def test_without_dot_auto_uses_networkx_and_dot_is_a_clear_error(reports, monkeypatch):
+    monkeypatch.setattr(html_svg.shutil, "which", lambda name: None)
+    page = lort_html.render(reports["train"], "auto")
+    _check_page(page, reports["train"])
+    assert "Drawn by networkx layers" in page and "Drawn by graphviz dot" not in page
+    with pytest.raises(RuntimeError, match="needs graphviz's `dot` on PATH"):
+        lort_html.render(reports["train"], "dot")
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)")
 def test_chromium_renders_the_page(reports, tmp_path):
     path = reports["train"].save_html(tmp_path / "train.html")
