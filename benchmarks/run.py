@@ -171,7 +171,11 @@ def run_cuda(models, scenarios, min_time, on_row, profile=False):
                 except Exception as e:  # noqa: BLE001 - reported in the table
                     errors[backend] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
                     print(f"{name} {scenario} {backend} failed: {errors[backend]}", flush=True)
-            times = timed_interleaved(steps, min_time * len(steps), sync=sync) if steps else {}
+            try:
+                times = timed_interleaved(steps, min_time * len(steps), sync=sync) if steps else {}
+            except Exception as e:  # noqa: BLE001 - reported in the table
+                times, errors["timing"] = {}, f"{type(e).__name__}: {str(e).strip()[:200]}"
+                print(f"{name} {scenario} timing failed: {errors['timing']}", flush=True)
             row = dict(
                 model=name, scenario=scenario, times=times, firsts=firsts, errors=errors,
                 where=where_lort_ran(steps["lort"]) if "lort" in steps else "failed",
@@ -182,7 +186,7 @@ def run_cuda(models, scenarios, min_time, on_row, profile=False):
             rows.append(row)
             print(format_row(row), flush=True)
             on_row(row)
-            del steps
+            steps = step = None  # the models and their compiled graphs go
             gc.collect()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
