@@ -51,6 +51,9 @@ if _REASON:
 
 import onnx  # noqa: E402
 import onnx_ir as ir  # noqa: E402
+from test_run_fallback import _broken_fusion as broken_fusion  # noqa: E402
+from test_run_fallback import f as fallback_f  # noqa: E402
+from test_run_fallback import inputs as fallback_inputs  # noqa: E402
 from test_models import (  # noqa: E402
     BATCH,
     BENCH_MODELS,
@@ -67,6 +70,7 @@ from test_models import (  # noqa: E402
 import lort  # noqa: E402
 from lort import LortBackend  # noqa: E402
 from lort.testing.models import CASES, MLP, output_tensor  # noqa: E402
+from lort.translate import onnx_export  # noqa: E402
 
 DEVICE = "cuda"
 FP32_RTOL = 1e-5
@@ -476,8 +480,6 @@ def _fail_at_first_run(monkeypatch):
     """Translations of groups (not of the single-node probes) get a Range whose step is
     0 at run time, computed from an input: ORT builds the session and fails when it
     runs (a host-side check, no device-side assert)."""
-    from lort.translate import onnx_export
-
     real = onnx_export.group_to_onnx
 
     def broken(gm, name):
@@ -515,15 +517,35 @@ def _fail_at_first_run(monkeypatch):
     monkeypatch.setattr(onnx_export, "group_to_onnx", broken)
 
 
-def _f(x, w):
-    return torch.relu(x @ w) + 1
+def _cuda_inputs():
+    return tuple(t.to(DEVICE) for t in fallback_inputs())
+
+
+def test_fused_model_failing_at_first_run_falls_back_to_the_plain_one(monkeypatch):
+    """The issue's crash on CUDA (FusedMatMul with transBatchA on inputs of unequal
+    ranks), as tests/test_run_fallback.py makes it: the plain model runs, no warning."""
+    monkeypatch.setattr(onnx_export, "fuse_for_ort", broken_fusion)
+    x, w = _cuda_inputs()
+    backend = LortBackend({"executor": "ort", "fallback": "raise"})
+    runs = lort.stats.ort_runs
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = torch.compile(fallback_f, backend=backend)(x, w)
+        again = torch.compile(fallback_f, backend=backend)(x, w)
+    torch.testing.assert_close(got, fallback_f(x, w), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(again, fallback_f(x, w), rtol=1e-5, atol=1e-6)
+    (group,) = backend.records[0].group_modules.values()
+    assert group.executor == "ort" and group.fusions == {} and group.run_failure is None
+    assert lort.stats.ort_runs - runs >= 2
 
 
 def test_session_failing_at_first_run_falls_back_with_one_warning(monkeypatch):
+    """A real ORT failure on the CUDA provider (not a patched run): the group runs in
+    PyTorch from then on, with one warning, and the record says so."""
     _fail_at_first_run(monkeypatch)
-    torch.manual_seed(11)
-    x, w = torch.randn(8, 16, device=DEVICE), torch.randn(16, 4, device=DEVICE)
-    cf = torch.compile(_f, backend="lort", options={"ort_fusions": False})
+    x, w = _cuda_inputs()
+    backend = LortBackend({"executor": "ort", "ort_fusions": False})
+    cf = torch.compile(fallback_f, backend=backend)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with torch.no_grad():
@@ -532,17 +554,22 @@ def test_session_failing_at_first_run_falls_back_with_one_warning(monkeypatch):
             outs.append(cf(x, w))
     assert lort.stats.ort_runs == runs, "the failed group still runs in ORT"
     for out in outs:
-        torch.testing.assert_close(out, _f(x, w))
+        torch.testing.assert_close(out, fallback_f(x, w), rtol=1e-5, atol=1e-6)
     ours = [str(w.message) for w in caught if str(w.message).startswith("lort") and "runs in PyTorch" in str(w.message)]
     assert len(ours) == 1, [str(w.message) for w in caught]
+    assert "Range" in ours[0], ours[0]  # the failing node is named
+    (group,) = backend.records[0].group_modules.values()
+    assert group.executor == "pytorch" and not group.sessions
+    assert backend.records[0].ort_nodes == 0
 
 
 def test_session_failing_at_first_run_raises_when_asked(monkeypatch):
     _fail_at_first_run(monkeypatch)
-    x, w = torch.randn(8, 16, device=DEVICE), torch.randn(16, 4, device=DEVICE)
-    cf = torch.compile(_f, backend="lort", options={"ort_fusions": False, "fallback": "raise"})
-    with pytest.raises(lort.SessionCreationError):
+    x, w = _cuda_inputs()
+    cf = torch.compile(fallback_f, backend=LortBackend({"executor": "ort", "ort_fusions": False, "fallback": "raise"}))
+    with pytest.raises(lort.SessionRunError, match="ORT failed to run group") as info:
         with torch.no_grad():
             cf(x, w)
+    assert isinstance(info.value, lort.SessionCreationError)
     # the device is still usable (the failure was no device-side assert)
     torch.testing.assert_close((x @ w).sum(), (x.cpu() @ w.cpu()).sum().to(DEVICE), rtol=1e-4, atol=1e-4)
