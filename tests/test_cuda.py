@@ -55,7 +55,6 @@ from test_run_fallback import _broken_fusion as broken_fusion  # noqa: E402
 from test_run_fallback import f as fallback_f  # noqa: E402
 from test_run_fallback import inputs as fallback_inputs  # noqa: E402
 from test_models import (  # noqa: E402
-    BATCH,
     BENCH_MODELS,
     MODELS,
     assert_close_to_reference,
