@@ -175,7 +175,7 @@ def _any_nan(x, dim, keepdim):
 
 def _first_nan(x, dim, keepdim):
     """The index of the first NaN along ``dim`` (argmax's convention)."""
-    return aten.argmax.default(aten._to_copy.default(aten.isnan.default(x), dtype=x.dtype), dim, keepdim)
+    return aten.argmax.default(aten._to_copy.default(aten.isnan.default(x), dtype=torch.float32), dim, keepdim)
 
 
 def _reduction_nan_fix(op):
@@ -208,8 +208,6 @@ def _values_indices_nan_fix(op):
 def _arg_nan_fix(op):
     @_nan_fix(op)
     def arg(x, dim=None, keepdim=False):
-        if dim is None and keepdim:
-            return NotImplemented  # argmax(dim=None, keepdim=True): rare, left whole
         return aten.where.self(_any_nan(x, dim, keepdim), _first_nan(x, dim, keepdim), op(x, dim, keepdim))
 
     return arg
