@@ -130,3 +130,26 @@ def test_session_failing_at_run_time_raises_with_fallback_raise(monkeypatch):
     with pytest.raises(lort.SessionRunError, match="ORT failed to run group") as info:
         compiled(x, w)
     assert isinstance(info.value, lort.SessionCreationError)
+
+
+def test_disk_cache_remembers_a_run_failure(monkeypatch, tmp_path):
+    """A new process (here: a fresh backend after dynamo.reset) reads the failure from
+    the disk cache: the group runs in PyTorch without trying ORT again, and the record
+    says why."""
+    calls: list = []
+    monkeypatch.setattr(session_mod.GroupSession, "run", _failing_run(calls))
+    opts = {"executor": "ort", "ort_fusions": False, "disk_cache": True, "cache_dir": str(tmp_path)}
+    x, w = inputs()
+    with pytest.warns(UserWarning, match="ORT failed to run group"):
+        torch.compile(f, backend=LortBackend(opts))(x, w)
+    assert len(calls) == 1
+    torch._dynamo.reset()
+    backend = LortBackend(opts)
+    got = torch.compile(f, backend=backend)(x, w)
+    torch.testing.assert_close(got, f(x, w), rtol=1e-5, atol=1e-6)
+    assert len(calls) == 1  # not run in ORT again
+    record = backend.records[0]
+    (group,) = record.group_modules.values()
+    assert group.from_cache and group.executor == "pytorch" and "simulated kernel failure" in group.run_failure
+    assert record.ort_nodes == 0 and record.torch_nodes > 0
+    assert all("ORT failed to run its group" in why and "simulated" in why for _, why in record.fallbacks)

@@ -106,13 +106,19 @@ class GraphRecord:
             )
             if self.groups[-1].executor == "pytorch":
                 t = self.groups[-1].executor_times
+                failure = getattr(mod, "run_failure", None)
+                if failure:  # ORT failed to run it, in this process or one the disk cache remembers
+                    why = f"ORT failed to run its group: {failure}"
+                elif "pytorch" in t and "ort" in t:
+                    why = (
+                        f"its group ran faster in PyTorch ({t['pytorch'] * 1e6:.0f} us vs "
+                        f"{t['ort'] * 1e6:.0f} us in ORT; executor='auto')"
+                    )
+                else:
+                    why = "its group runs in PyTorch (executor='auto')"
                 for n in g.nodes:
                     if is_aten_node(n):
-                        unsupported.setdefault(
-                            n,
-                            f"its group ran faster in PyTorch ({t['pytorch'] * 1e6:.0f} us vs "
-                            f"{t['ort'] * 1e6:.0f} us in ORT; executor='auto')",
-                        )
+                        unsupported.setdefault(n, why)
         self.group_modules = dict(modules)
         for node in self.graph_module.graph.nodes:
             if not is_aten_node(node):

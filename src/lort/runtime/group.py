@@ -71,7 +71,7 @@ class OrtGroup(torch.nn.Module):
         # rewrite that fails at its first run falls back to it.
         self._plain_bytes: bytes | None = None
         self._cache = self._cache_key = None
-        #: Why ORT failed to run this group (it then runs in PyTorch), or None.
+        #: ORT's error when it failed to run this group (which then runs in PyTorch), or None.
         self.run_failure: str | None = None
         #: Called with the reason when ORT fails to run the group (the backend points
         #: it at the graph's record), or None.
@@ -326,7 +326,7 @@ class OrtGroup(torch.nn.Module):
         if self.options.fallback == "raise":
             raise SessionRunError(message) from error
         warnings.warn(f"lort: {message}; the group runs in PyTorch from now on", stacklevel=3)
-        self.executor, self.run_failure = "pytorch", message
+        self.executor, self.run_failure = "pytorch", first_line
         self._drop_sessions()
         self._store_choices()
         if self.on_run_failure is not None:
