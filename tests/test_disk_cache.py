@@ -10,6 +10,7 @@ import lort
 from lort.backend import LortBackend
 from lort.capture import decompositions
 from lort.fusion import support
+from lort.runtime import disk_cache
 from lort.runtime.disk_cache import DiskCache
 from lort.testing.models import MLP
 from lort.translate import _compat, onnx_export
@@ -111,3 +112,21 @@ def test_env_turns_the_cache_off_and_moves_it(monkeypatch, tmp_path):
     monkeypatch.setenv("LORT_DISK_CACHE", "maybe")
     with pytest.raises(ValueError, match="LORT_DISK_CACHE"):
         lort.Options()
+
+
+def test_keys_ignore_options_that_change_no_translation_or_choice():
+    """Logging, the fallback policy, tolerances and cache settings share entries; an
+    option that changes the translation does not."""
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(3, 2))
+    args = [torch.randn(4, 3)]
+    base = lort.Options(disk_cache=True)
+    same = [
+        lort.Options(disk_cache=True, progress=not base.progress),
+        lort.Options(disk_cache=True, fallback="raise", rtol=0.5, cache_max_mb=7, schema_cache_size=3),
+    ]
+    for opts in same:
+        assert disk_cache.inputs_key(gm, args, opts, "graph executor") == disk_cache.inputs_key(gm, args, base, "graph executor")
+        assert disk_cache.graph_key(gm, opts) == disk_cache.graph_key(gm, base)
+    other = lort.Options(disk_cache=True, ort_fusions=False)
+    assert disk_cache.inputs_key(gm, args, other, "graph executor") != disk_cache.inputs_key(gm, args, base, "graph executor")
+    assert disk_cache.graph_key(gm, other) != disk_cache.graph_key(gm, base)

@@ -10,7 +10,6 @@ removing the least recently used entries.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -87,33 +86,35 @@ def graph_key(gm: torch.fx.GraphModule, options: Options, what: str = "group") -
     """A hash of everything that determines a group's translation and timed choices
     (``what="group"``), or a whole graph's partition (``what="plan"``)."""
     h = hashlib.sha256()
-    h.update(repr((what, _versions())).encode())
-    h.update(
-        repr(
-            (
-                options.ort_fusions,
-                options.graph_optimization_level,
-                options.intra_op_num_threads,
-                options.executor,
-                options.mode == "ort",  # the executor is timed in ort mode only
-                options.providers,
-                options.max_group_args,
-                options.decompose_conv_backward,
-                options.allow_spinning,
-                torch.get_num_threads(),
-            )
-        ).encode()
-    )
+    h.update(repr((what, _versions(), _options_key(options))).encode())
     h.update(gm.code.encode())
     for n in gm.graph.nodes:
         h.update(f"{n.name}:{_describe(n.meta.get('val'))};".encode())
     return h.hexdigest()
 
 
+def _options_key(options: Options) -> tuple:
+    """The options that change a translation or a timed choice (not logging, fallback
+    policy, tolerances or where the cache lives), and torch's thread count."""
+    return (
+        options.ort_fusions,
+        options.graph_optimization_level,
+        options.intra_op_num_threads,
+        options.executor,
+        options.mode == "ort",  # the executor is timed in ort mode only
+        options.providers,
+        options.max_group_args,
+        options.decompose_conv_backward,
+        options.allow_spinning,
+        options.share_cpu_arena,
+        torch.get_num_threads(),
+    )
+
+
 def inputs_key(gm: torch.fx.GraphModule, example_inputs: list, options: Options, what: str) -> str:
     """A hash of a Dynamo graph, the metadata of its inputs, the options and versions."""
     h = hashlib.sha256()
-    h.update(repr((what, _versions(), dataclasses.astuple(options), torch.get_num_threads())).encode())
+    h.update(repr((what, _versions(), _options_key(options))).encode())
     h.update(gm.code.encode())
     for a in example_inputs:
         h.update(f"{_describe(a)}:{getattr(a, 'requires_grad', None)};".encode())
