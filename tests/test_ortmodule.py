@@ -17,6 +17,8 @@ import dataclasses
 import logging
 import pickle
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -586,5 +588,9 @@ def test_bert_sequence_classification_fine_tuning_30_steps_matches_eager():
     # the first loss computation), which Dynamo's guard sees: one re-capture, then none.
     assert len(om.transition_manager.captures) == 2
     assert reasons(om)[0] == "first call"
-    assert reasons(om)[1].startswith("Dynamo guard failed: module.config.problem_type is None"), reasons(om)
+    assert re.match(
+        # torch 2.13's guard text; torch 2.11 writes the attribute read out
+        r"Dynamo guard failed: (module\.config\.problem_type|object\.__getattribute__\(module\.config, 'problem_type'\)) is None",
+        reasons(om)[1],
+    ), reasons(om)
     assert [r.kind for r in om.transition_manager.records] == ["forward", "backward", "forward", "backward"]
