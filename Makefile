@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench conformance install clean
 
 $(STAMP): pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
+
+# PyTorch's OpInfo suite through lort (every op, float32/float64/int64), in worker
+# processes; writes benchmarks/conformance.md.
+conformance: $(STAMP)
+	$(PY) benchmarks/conformance.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
