@@ -1,0 +1,86 @@
+"""Cost of lort's NaN decompositions (src/lort/capture/decompositions.py) on the benchmark
+models that have such an op (max_pool in the CNN and the ResNets): each model compiled by
+lort with executor='ort' (every group in ORT) with and without the decompositions, timed
+interleaved in one process (without/with, 25 rounds), one thread for PyTorch and ORT.
+Times are process CPU time per call (the median, then the minimum), which a machine
+shared with other work disturbs less than wall time.
+
+    python benchmarks/nan_cost.py [model:scenario ...]   (default: the configurations below)
+
+Prints markdown rows for benchmarks/nan_semantics.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+import lort
+from lort.capture import decompositions
+from lort.testing.models import CASES, make_torchvision_importable, output_tensor
+
+make_torchvision_importable()
+
+DEFAULT = ["cnn:infer1", "cnn:train", "resnet18:infer1", "resnet18:train", "resnet50:infer1"]
+ROUNDS = 25
+
+
+def build(name: str, scenario: str, with_nan: bool, real):
+    decompositions.nan_decompositions = real if with_nan else (lambda: {})
+    decompositions.table.cache_clear()
+    torch._dynamo.reset()
+    model, args = CASES[name].make(1 if scenario == "infer1" else 8, seed=0)
+    backend = lort.LortBackend({"executor": "ort", "disk_cache": False, "intra_op_num_threads": 1})
+    fn = torch.compile(model, backend=backend)
+    if scenario == "infer1":
+        model.eval()
+
+        def step():
+            with torch.no_grad():
+                fn(*args)
+    else:
+
+        def step():
+            for p in model.parameters():
+                p.grad = None
+            output_tensor(fn(*args)).float().pow(2).mean().backward()
+
+    step()
+    nodes = sum(r.ort_nodes for r in backend.records)
+    return step, nodes
+
+
+def main(argv: list[str]) -> None:
+    torch.set_num_threads(1)
+    real = decompositions.nan_decompositions
+    print("| model | run | without ms | with ms | with / without | without min ms | with min ms | ATen nodes in ORT without / with |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    for config in argv or DEFAULT:
+        name, scenario = config.split(":")
+        off, nodes_off = build(name, scenario, False, real)
+        on, nodes_on = build(name, scenario, True, real)
+        decompositions.nan_decompositions = real
+        decompositions.table.cache_clear()
+        for f in (off, on, off, on):
+            f()
+        calls = 20 if name == "cnn" and scenario == "infer1" else (4 if scenario == "infer1" else 1)
+        times = {"off": [], "on": []}
+        for _ in range(ROUNDS):
+            for key, f in (("off", off), ("on", on)):
+                t0 = time.process_time()
+                for _ in range(calls):
+                    f()
+                times[key].append((time.process_time() - t0) / calls)
+        m_off, m_on = statistics.median(times["off"]), statistics.median(times["on"])
+        print(
+            f"| {name} | {scenario} | {m_off * 1e3:.3f} | {m_on * 1e3:.3f} | {m_on / m_off:.2f} | "
+            f"{min(times['off']) * 1e3:.3f} | {min(times['on']) * 1e3:.3f} | {nodes_off} / {nodes_on} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
