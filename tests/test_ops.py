@@ -665,6 +665,19 @@ CASES: list[Case] = [
       xfail="ORT's ReduceSum on int64 loses precision beyond 2**53 (9007199254740995 -> ...994): "
       "it seems to accumulate in double"),
     C("empty_tensor", lambda x: x[:, 3:2] * 2 + 1, lambda: (f32(3, 5),), grad=False),
+    # ---- found by the OpInfo conformance sweep (tests/test_conformance.py) -----------
+    # torch_lib's erfcx is exp(x**2) * (1 - erf(x)) (NaN at 30) and erfc is 1 - erf(x).
+    C("log_ndtr_tails", lambda x: torch.special.log_ndtr(x) + 1, lambda: (torch.tensor([-40.0, -10.0, -3.0, 0.0, 3.0]),),
+      grad=False, fallback={"prims.erfcx.default": NO_TRANSLATION, "prims.erfc.default": NO_TRANSLATION}),
+    C("erfcx_large", lambda x: torch.special.erfcx(x) + 1, lambda: (torch.tensor([30.0, 5.0, 0.5, -1.0]),),
+      grad=False, fallback={"prims.erfcx.default": NO_TRANSLATION}),
+    # torch_lib's signbit is x < 0 (wrong for -0.0); PyTorch's copysign decomposition fed an
+    # ORT group a bool it declared float32.
+    C("copysign_signed_zero", lambda a, b: torch.copysign(a, b) + 1,
+      lambda: (torch.tensor([1.0, -2.0, 3.0, 4.0]), torch.tensor([-0.0, 0.0, -1.0, 2.0])), grad=False,
+      fallback={"aten.signbit.default": "torch_lib's signbit"}),
+    C("replication_pad_negative", lambda x: F.pad(x, (-1, 1, 1, -1), mode="replicate") + 1,
+      lambda: (f32(1, 2, 4, 5),), grad=False, fallback={"aten.replication_pad2d.default": "negative"}),
     # ---- random ops (kept in PyTorch by design) --------------------------------------
     C("dropout", lambda x: F.dropout(x, 0.5, training=True) * 2, lambda: (f32(4, 5),),
       fallback={"aten.native_dropout.default": RANDOM}),

@@ -255,6 +255,19 @@ def nan_decompositions() -> dict:
     return out
 
 
+def copysign(a, b):
+    """copysign as ``where(signbit(b), -|a|, |a|)`` with aten.signbit. PyTorch's own
+    decomposition uses prims.signbit, whose fake tensor is float32 where the real one is
+    bool, so the ORT group it feeds was built for a float input and failed at run time."""
+    dtype = torch.result_type(a, b)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    magnitude = torch.abs(a.to(dtype))
+    if not isinstance(b, torch.Tensor):
+        return torch.neg(magnitude) if math.copysign(1.0, b) < 0 else magnitude
+    return torch.where(torch.signbit(b), torch.neg(magnitude), magnitude)
+
+
 def implemented_names(options: Options) -> tuple[str, ...] | None:
     """The ATen overloads torch_lib translates, from the disk cache when it has them
     (building them takes torch_lib's whole registry, seconds), else built and stored.
@@ -289,4 +302,6 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     decomps[aten.div.Tensor_mode] = div_floor_integer
     decomps[aten.div.Scalar_mode] = div_floor_integer
     decomps.update(nan_decompositions())
+    decomps[aten.copysign.Tensor] = copysign
+    decomps[aten.copysign.Scalar] = copysign
     return decomps

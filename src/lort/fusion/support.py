@@ -9,6 +9,7 @@ unsupported with that reason.
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any
 
@@ -94,6 +95,62 @@ def _check_arg(arg: Any, where: str) -> str | None:
     return f"{where} is a {type(arg).__name__} constant"
 
 
+#: ATen ops whose torch_lib translation rests on one ONNX operator that ORT has kernels for
+#: in some dtypes only (its CPU Acos, Erf, Conv, AveragePool are float32 only; Gemm has no
+#: int64; Ceil and Floor no integers): for other dtypes the node stays in PyTorch, instead
+#: of failing to build its session. The dtypes are read from ORT's kernel registry.
+_ORT_OP_OF = {
+    "aten::erf": "Erf", "aten::acos": "Acos", "aten::acosh": "Acosh", "aten::asin": "Asin",
+    "aten::asinh": "Asinh", "aten::atan": "Atan", "aten::atanh": "Atanh", "aten::cosh": "Cosh",
+    "aten::sinh": "Sinh", "aten::tan": "Tan", "aten::addmm": "Gemm", "aten::convolution": "Conv",
+    "aten::avg_pool2d": "AveragePool", "aten::avg_pool3d": "AveragePool", "aten::col2im": "Col2Im",
+    "aten::_upsample_bilinear2d_aa": "Resize", "aten::upsample_bilinear2d": "Resize",
+    "aten::upsample_nearest2d": "Resize", "aten::upsample_bicubic2d": "Resize",
+    "aten::upsample_linear1d": "Resize", "aten::upsample_trilinear3d": "Resize",
+    "aten::upsample_nearest1d": "Resize", "aten::upsample_nearest3d": "Resize",
+    "aten::ceil": "Ceil", "aten::floor": "Floor", "aten::native_group_norm": "InstanceNormalization",
+    "aten::gelu": "Erf",
+}
+_ORT_TYPE_NAMES = {
+    torch.float32: "tensor(float)", torch.float64: "tensor(double)", torch.float16: "tensor(float16)",
+    torch.int64: "tensor(int64)", torch.int32: "tensor(int32)", torch.int16: "tensor(int16)",
+    torch.int8: "tensor(int8)", torch.uint8: "tensor(uint8)", torch.bool: "tensor(bool)",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _ort_kernel_types(op_type: str, provider: str) -> frozenset | None:
+    """The tensor types ORT's ``provider`` has a kernel of ONNX ``op_type`` for (any
+    version), or None when ORT's kernel registry cannot be read."""
+    try:
+        from onnxruntime.capi import _pybind_state
+
+        kernels = _pybind_state.get_all_opkernel_def()
+    except Exception:  # noqa: BLE001 - a private ORT API; without it the session build decides
+        return None
+    types: set = set()
+    for k in kernels:
+        if k.op_name == op_type and k.domain in ("", "ai.onnx") and k.provider == provider:
+            for constraint in k.type_constraints.values():
+                types.update(constraint)
+    return frozenset(types)
+
+
+def _ort_dtype_reason(node: torch.fx.Node) -> str | None:
+    op_type = _ORT_OP_OF.get(node.target._schema.name)
+    if op_type == "Erf" and node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none") == "tanh":
+        return None  # gelu's tanh form has no Erf
+    args = [a for a in node.args if isinstance(a, torch.fx.Node)]
+    val = args[0].meta.get("val") if args else None
+    if op_type is None or not isinstance(val, torch.Tensor):
+        return None
+    provider = "CUDAExecutionProvider" if val.device.type == "cuda" else "CPUExecutionProvider"
+    types = _ort_kernel_types(op_type, provider)
+    if not types or _ORT_TYPE_NAMES.get(val.dtype, "") in types:
+        return None
+    return f"ORT's {provider} has no {op_type} kernel for {val.dtype} (its translation needs one)"
+
+
 def unsupported_reason(node: torch.fx.Node) -> str | None:
     """None if ``node`` may run in an ORT group, else why it stays in PyTorch."""
     if node.op != "call_function":
@@ -134,6 +191,9 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
     }
     if len(devices) > 1:
         return f"mixes devices {sorted(map(str, devices))}"
+    reason = _ort_dtype_reason(node)
+    if reason:
+        return reason
     fn, message = _compat.dispatch(node)
     if fn is None:
         return message

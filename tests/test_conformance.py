@@ -1,0 +1,112 @@
+"""A fixed sample of PyTorch's OpInfo conformance sweep (lort.testing.conformance).
+
+Each case runs one OpInfo op for one dtype through lort and eager on the op's first
+samples (outputs and input gradients) and must come out ``right``: ``fell back`` (lort
+warned that a group runs in PyTorch after failing in ORT), ``wrong`` and ``crash`` fail.
+The sample holds every op issue 11 found wrong or crashing, plus a spread of common ops
+and dtypes. Expected failures come from ``conformance.XFAILS`` (strict). The full sweep
+is ``make conformance`` (benchmarks/conformance.md).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from lort.testing import conformance
+
+#: (OpInfo name, dtype): first the ops issue 11 found wrong or crashing, then common ones.
+CASES = [
+    ("special.log_ndtr", "float32"),
+    ("special.log_ndtr", "float64"),
+    ("special.log_ndtr", "int64"),
+    ("special.erfcx", "float32"),
+    ("special.erfcx", "float64"),
+    ("copysign", "float32"),
+    ("copysign", "int64"),
+    ("signbit", "float32"),
+    ("median", "float32"),
+    ("nanmedian", "float64"),
+    ("native_batch_norm", "float32"),
+    ("native_batch_norm", "float64"),
+    ("nn.functional.embedding_bag", "float32"),
+    ("nn.functional.embedding_bag", "float64"),
+    ("nn.functional.pad.replicate_negative", "float32"),
+    ("nn.functional.pad.replicate_negative", "int64"),
+    ("index_reduce.prod", "float32"),
+    ("addcdiv", "float64"),
+    ("nn.functional.gelu", "float64"),
+    ("erf", "float64"),
+    ("nn.functional.conv2d", "float64"),
+    ("topk", "int64"),
+    ("add", "float32"),
+    ("add", "int64"),
+    ("sin", "float64"),
+    ("matmul", "float32"),
+    ("sum", "int64"),
+    ("softmax", "float32"),
+    ("nn.functional.layer_norm", "float32"),
+    ("nn.functional.conv2d", "float32"),
+    ("cat", "int64"),
+    ("index_select", "float32"),
+    ("where", "float64"),
+    ("cumsum", "float64"),
+    ("nn.functional.cross_entropy", "float32"),
+]
+
+
+#: Cases whose every node stays in PyTorch (known-wrong translations, ORT kernels
+#: missing for the dtype): they check that the fallback gives eager's values.
+ALL_IN_PYTORCH = {
+    ("special.erfcx", "float32"), ("special.erfcx", "float64"), ("signbit", "float32"),
+    ("nn.functional.embedding_bag", "float32"), ("nn.functional.embedding_bag", "float64"),
+    ("nn.functional.pad.replicate_negative", "float32"), ("nn.functional.pad.replicate_negative", "int64"),
+    ("erf", "float64"), ("nn.functional.conv2d", "float64"),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _ops() -> dict:
+    return conformance.ops_by_id()
+
+
+def _params():
+    out = []
+    for name, dtype in CASES:
+        reason = conformance.XFAILS.get((name, dtype)) or conformance.XFAILS.get((name, None))
+        marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+        out.append(pytest.param(name, dtype, id=f"{name}-{dtype}", marks=marks))
+    return out
+
+
+def test_cases_exist():
+    ops = _ops()
+    missing = [name for name, _ in CASES if name not in ops]
+    assert not missing, f"not in op_db: {missing}"
+    for name, dtype in CASES:
+        assert conformance.DTYPES[dtype] in ops[name].supported_dtypes("cpu"), (name, dtype)
+
+
+def test_fallback_kinds():
+    assert conformance.fallback_kind("no torch_lib translation registered") == "no torch_lib translation"
+    assert conformance.fallback_kind("output 0 has dtype torch.complex64, which lort does not send to ORT") == (
+        "unsupported dtype"
+    )
+    assert conformance.fallback_kind("random op; kept in PyTorch so results follow PyTorch's RNG") == "random op"
+
+
+@pytest.mark.parametrize("name,dtype", _params())
+def test_op(name, dtype):
+    op = _ops()[name]
+    # The XFAILS entries are applied here by pytest, not by run_op.
+    saved = dict(conformance.XFAILS)
+    conformance.XFAILS.clear()
+    try:
+        result = conformance.run_op(op, dtype)
+    finally:
+        conformance.XFAILS.update(saved)
+    assert result.status == "right", f"{name} {dtype}: {result.status}: {result.detail}"
+    assert 1 <= result.samples <= conformance.SAMPLES
+    if (name, dtype) not in ALL_IN_PYTORCH:
+        assert result.ort_nodes > 0, f"{name} {dtype}: nothing ran in ORT"
