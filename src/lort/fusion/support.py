@@ -109,7 +109,7 @@ _ORT_OP_OF = {
     "aten::upsample_linear1d": "Resize", "aten::upsample_trilinear3d": "Resize",
     "aten::upsample_nearest1d": "Resize", "aten::upsample_nearest3d": "Resize",
     "aten::ceil": "Ceil", "aten::floor": "Floor", "aten::native_group_norm": "InstanceNormalization",
-    "aten::gelu": "Erf",
+    "aten::gelu": "Erf", "aten::round": "Round", "aten::isnan": "IsNaN",
 }
 _ORT_TYPE_NAMES = {
     torch.float32: "tensor(float)", torch.float64: "tensor(double)", torch.float16: "tensor(float16)",
