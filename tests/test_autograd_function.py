@@ -8,10 +8,6 @@ one opaque node of a single graph, not a graph break.
 from __future__ import annotations
 
 import gc
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 import warnings
 import weakref
@@ -23,6 +19,7 @@ import torch
 import lort
 from lort.backend import LortBackend
 from lort.capture import autograd_function as af
+from lort.testing.ranks import run_ranks
 
 # On a torch below af.MIN_TORCH the feature is off (one warning at lort's import) and
 # untraceable functions graph-break as with other backends: nothing here applies.
@@ -685,12 +682,6 @@ _DIST_WORKER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_all_reduce_in_function_on_two_gloo_ranks(tmp_path):
     import torch.distributed as dist
 
@@ -698,29 +689,7 @@ def test_all_reduce_in_function_on_two_gloo_ranks(tmp_path):
         pytest.skip("torch.distributed with gloo is not available in this build")
     script = tmp_path / "worker.py"
     script.write_text(_DIST_WORKER)
-    port = str(_free_port())
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(rank), "2", port],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        for rank in range(2)
-    ]
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        outs.append((p.returncode, out))
-    for rank, (rc, out) in enumerate(outs):
-        assert rc == 0 and f"rank {rank} ok" in out, out[-3000:]
+    run_ranks(str(script), 2, env={"OMP_NUM_THREADS": "1"}, timeout=120)
 
 
 # -- the same functions under lort.ORTModule --------------------------------------------------

@@ -5,13 +5,11 @@ The ranks run in subprocesses (one worker script, every form in turn, to pay the
 once); each prints its ORT run counts, which the test checks per rank."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from lort.testing.ranks import run_ranks
 
 STEPS = 3
 
@@ -161,12 +159,6 @@ _WORKER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ddp_both_forms_and_fsdp2_on_two_gloo_ranks(tmp_path):
     import torch.distributed as dist
 
@@ -174,30 +166,9 @@ def test_ddp_both_forms_and_fsdp2_on_two_gloo_ranks(tmp_path):
         pytest.skip("torch.distributed with gloo is not available in this build")
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
-    port = str(_free_port())
-    env = dict(os.environ, OMP_NUM_THREADS="1", LORT_DISK_CACHE="0", LORT_EXECUTOR="ort")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(rank), "2", port, str(STEPS)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        for rank in range(2)
-    ]
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        outs.append((p.returncode, out))
+    outs = run_ranks(str(script), 2, [STEPS], env={"OMP_NUM_THREADS": "1", "LORT_DISK_CACHE": "0", "LORT_EXECUTOR": "ort"})
     results = []
-    for rank, (rc, out) in enumerate(outs):
-        assert rc == 0 and f"rank {rank} ok" in out, out[-4000:]
+    for out in outs:
         line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
         results.append(json.loads(line[len("RESULT "):]))
     for rank, runs in enumerate(results):
