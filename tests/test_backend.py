@@ -525,3 +525,27 @@ def test_sessions_share_one_cpu_arena_unless_asked_not_to(share):
         else:
             with pytest.raises(RuntimeError, match="does not have configuration"):  # never set
                 so.get_session_config_entry("session.use_env_allocators")
+
+
+def test_float64_scalars_that_float32_rounds_stay_exact():
+    """The translation makes a Python float argument a float32 constant: on float64
+    graphs a node with one float32 cannot hold (3.14, 0.1) stays in PyTorch, so results
+    are float64-exact; float32 graphs, and exactly representable scalars, stay in ORT."""
+
+    def g(x):
+        return (x * 3.14 + torch.nn.functional.leaky_relu(x, 0.1)).exp() * 0.5
+
+    x = torch.randn(16, dtype=torch.float64)
+    backend = LortBackend({"executor": "ort"})
+    got = torch.compile(g, backend=backend)(x)
+    torch.testing.assert_close(got, g(x), rtol=1e-15, atol=0)
+    record = backend.records[0]
+    in_torch = {op: why for op, why in record.fallbacks}
+    assert set(in_torch) == {"aten.mul.Tensor", "aten.leaky_relu.default"}, in_torch
+    assert all("float32 constant" in why for why in in_torch.values())
+    assert record.ort_nodes >= 2  # exp and mul by 0.5 still run in ORT
+    torch._dynamo.reset()
+    backend = LortBackend({"executor": "ort"})
+    xf = x.float()
+    torch.testing.assert_close(torch.compile(g, backend=backend)(xf), g(xf), rtol=1e-6, atol=1e-6)
+    assert backend.records[0].torch_nodes == 0

@@ -54,14 +54,7 @@ UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "empty_permut
 
 #: Expected failures: (OpInfo name, dtype name or None for every dtype) -> reason. The
 #: fast test makes them strict xfails; the sweep reports them apart from new failures.
-float64_scalars = (
-    "a Python float scalar of a float64 graph (mul.Tensor(x, 3.14)) reaches ORT as a float32 "
-    "constant in the translation: results off by float32 rounding (addcdiv with value=3.14; "
-    "log_ndtr's gradient, 7.352009664 vs eager 7.352018489)"
-)
 XFAILS: dict[tuple[str, str | None], str] = {
-    ("addcdiv", "float64"): float64_scalars,
-    ("special.log_ndtr", "float64"): float64_scalars,
     ("logcumsumexp", "float64"): "its float64 gradient through lort is NaN where eager's is finite (not investigated yet)",
     ("topk", "int64"): (
         "ties: the int64 samples repeat values, and ORT's TopK returns other indices of equal "
