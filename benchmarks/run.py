@@ -231,17 +231,8 @@ def geomean(xs):
 
 
 def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     return (
-        f"{cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}; "
+        f"{cuda_common.host()}, torch threads {torch.get_num_threads()}; "
         f"Python {platform.python_version()}, torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, "
         f"onnxscript {onnxscript.__version__}, lort {lort.__version__}"
     )
