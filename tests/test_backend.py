@@ -9,7 +9,7 @@ import torch
 
 import lort
 from lort.backend import LortBackend
-from lort.runtime import graph_choice
+from lort.compile.tuner import Tuner
 from lort.runtime import session as session_mod
 from lort.translate import _compat
 
@@ -339,20 +339,17 @@ def test_convolution_backward_stays_in_pytorch_by_default():
 
 @pytest.mark.parametrize("pytorch_faster", [True, False])
 def test_executor_auto_runs_each_group_where_it_timed_faster(monkeypatch, pytorch_faster):
-    from lort.runtime import group as group_mod
+    class FakeTuner(Tuner):
+        def time_pytorch(self, gm, feeds, perms, device):
+            measured = super().time_pytorch(gm, feeds, perms, device)
+            assert measured is not None and measured > 0  # the real measurement works
+            return 1e-9 if pytorch_faster else 10.0
 
-    real = group_mod.time_pytorch
+        def time_graph(self, candidates, example_inputs):
+            return None  # the group-level choice alone: the whole graph keeps lort's
 
-    def fake_time(gm, feeds, perms, device):
-        measured = real(gm, feeds, perms, device)
-        assert measured is not None and measured > 0  # the real measurement works
-        return 1e-9 if pytorch_faster else 10.0
-
-    monkeypatch.setattr(group_mod, "time_pytorch", fake_time)
-    # The group-level choice alone: the whole-graph comparison keeps lort's graph.
-    monkeypatch.setattr(graph_choice, "time_candidates", lambda candidates, inputs: None)
     x, w = inputs()
-    backend = LortBackend({"executor": "auto"})
+    backend = LortBackend({"executor": "auto"}, tuner=FakeTuner())
     before = lort.stats.ort_runs
     out = torch.compile(f, backend=backend)(x, w)
     torch.testing.assert_close(out, f(x, w), rtol=1e-5, atol=1e-6)
@@ -412,18 +409,16 @@ class _BNNet(torch.nn.Module):
 
 @pytest.mark.parametrize("eager_faster", [True, False])
 def test_executor_auto_runs_the_whole_graph_in_eager_pytorch_when_faster(monkeypatch, eager_faster):
-    real = graph_choice.time_candidates
+    class FakeTuner(Tuner):
+        def time_graph(self, candidates, example_inputs):
+            measured = super().time_graph(candidates, example_inputs)
+            assert set(measured) == {"ort", "pytorch"} and all(t > 0 for t in measured.values())
+            return {"ort": 1.0, "pytorch": 0.5} if eager_faster else {"ort": 0.5, "pytorch": 1.0}
 
-    def fake_times(candidates, example_inputs):
-        measured = real(candidates, example_inputs)
-        assert set(measured) == {"lort", "pytorch"} and all(t > 0 for t in measured.values())
-        return {"lort": 1.0, "pytorch": 0.5} if eager_faster else {"lort": 0.5, "pytorch": 1.0}
-
-    monkeypatch.setattr(graph_choice, "time_candidates", fake_times)
     torch.manual_seed(0)
     model, x = _BNNet(), torch.randn(8, 16)
     ref = copy.deepcopy(model)
-    backend = LortBackend({"executor": "auto"})
+    backend = LortBackend({"executor": "auto"}, tuner=FakeTuner())
     cm = torch.compile(model, backend=backend)
     for step in range(3):  # the timing ran on copies: buffers and grads as in eager
         out, out_ref = cm(x), ref(x)
@@ -450,7 +445,7 @@ def test_executor_auto_runs_the_whole_graph_in_eager_pytorch_when_faster(monkeyp
             assert f"  {r.name} ({r.torch_nodes} nodes): the whole graph ran faster in eager PyTorch" in text
     else:
         assert lort.stats.ort_runs > before
-        assert {r.executor for r in backend.records} == {"lort"} and report.ort_nodes > 0
+        assert {r.executor for r in backend.records} == {"ort"} and report.ort_nodes > 0
         assert "runs through lort (timed 500.000 ms lort, 1000.000 ms eager)" in str(report)
     assert [r.kind for r in backend.records] == ["forward", "backward"]
 
@@ -462,26 +457,32 @@ def test_whole_graph_timing_leaves_inputs_and_random_state_alone():
 
     buf, w, x = torch.zeros(3), torch.randn(4, 5, requires_grad=True), torch.randn(2, 4)
     state = torch.get_rng_state()
-    times = graph_choice.time_candidates({"a": fn, "b": fn}, [buf, w, x])
+    times = Tuner().time_graph({"a": fn, "b": fn}, [buf, w, x])
     assert set(times) == {"a", "b"}
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(buf, torch.zeros(3)) and w.grad is None
 
 
-def test_whole_graph_choice_is_kept_in_the_disk_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(
-        graph_choice, "time_candidates", lambda candidates, inputs: {"lort": 1.0, "pytorch": 0.5}
-    )
+class _FixedTimes(Tuner):
+    def time_graph(self, candidates, example_inputs):
+        return {"ort": 1.0, "pytorch": 0.5}
+
+
+class _NoTiming(Tuner):
+    def time_graph(self, candidates, example_inputs):
+        raise AssertionError("a warm compile times nothing")
+
+
+def test_whole_graph_choice_is_kept_in_the_disk_cache(tmp_path):
     opts = {"executor": "auto", "disk_cache": True, "cache_dir": str(tmp_path)}
     torch.manual_seed(0)
     model, x = _BNNet().eval(), torch.randn(8, 16)
     with torch.no_grad():
-        cold = LortBackend(opts)
+        cold = LortBackend(opts, tuner=_FixedTimes())
         torch.compile(model, backend=cold)(x)
         assert [r.kind for r in cold.records] == ["inference"]
         torch._dynamo.reset()
-        monkeypatch.setattr(graph_choice, "time_candidates", None)  # a warm compile times nothing
-        warm = LortBackend(opts)
+        warm = LortBackend(opts, tuner=_NoTiming())
         out = torch.compile(model, backend=warm)(x)
         torch.testing.assert_close(out, model(x), rtol=0, atol=0)
     # Nothing was captured by AOTAutograd or translated: the graph runs as Dynamo gave it.

@@ -10,8 +10,8 @@ import lort
 from lort.backend import LortBackend
 from lort.capture import decompositions
 from lort.fusion import support
-from lort.runtime import disk_cache
-from lort.runtime.disk_cache import DiskCache
+from lort.compile import disk_cache
+from lort.compile.disk_cache import DiskCache
 from lort.testing.models import MLP
 from lort.translate import _compat, onnx_export
 

@@ -25,6 +25,7 @@ import torch.fx
 
 import lort
 from lort.fusion import fuser, support
+from lort.reasons import Reason, ReasonKind
 
 aten = torch.ops.aten
 
@@ -241,7 +242,7 @@ def test_cycle_through_two_groups_is_refused():
 def _forced_out_reason(original):
     def unsupported_reason(node):
         if node.op == "call_function" and node.target in FORCED_OUT:
-            return "forced out of ORT by test_fuser_random"
+            return Reason(ReasonKind.NO_TRANSLATION, "forced out of ORT by test_fuser_random")
         return original(node)
 
     return unsupported_reason

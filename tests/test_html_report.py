@@ -127,7 +127,7 @@ def test_graph_run_whole_in_eager_is_one_box(reports):
     (the record changed the way lort's backend changes it)."""
     report = _copy(reports["train"])
     for record in report.records:
-        record.ran_whole_in_pytorch({"lort": 2e-3, "pytorch": 1e-3})
+        record.ran_whole_in_pytorch({"ort": 2e-3, "pytorch": 1e-3})
     page = lort_html.render(report, "networkx")
     _check_page(page, report)
     assert page.count("eager PyTorch</b>: timed 1.00 ms eager vs 2.00 ms through lort") == 2

@@ -11,12 +11,12 @@ runs it on CPU with inputs built from a fixed seed, and checks
   backward or inference) is in an ORT group (``record.torch_nodes == 0``), unless the
   case declares which op stays in PyTorch and why (``fallback``: random ops by design,
   ops torch_lib cannot translate, nodes listed as known-wrong in
-  ``lort.translate._compat._known_wrong``); every graph has ORT work, and ORT ran each
+  ``lort.fusion.known_wrong``); every graph has ORT work, and ORT ran each
   group (``lort.stats.ort_runs``). A case where everything ran in PyTorch would compare
   PyTorch with itself.
 
 Cases for the known-wrong translations use inputs that expose the bug, so removing an
-entry from ``_known_wrong`` fails its case on the values. Known bugs not fixed yet are
+entry from ``known_wrong`` fails its case on the values. Known bugs not fixed yet are
 strict xfails that state the bug (int64 ReduceSum, zero-size outputs, two decomposition-table crashes).
 
 Tolerances: 1e-5 (abs and rel) for elementwise float32 ops, which ORT and PyTorch compute
@@ -128,7 +128,7 @@ MM = dict(rtol=1e-4, atol=1e-4, ref64=True)
 NO_TRANSLATION = "no torch_lib translation registered"
 #: Random ops stay in PyTorch by design, so results follow PyTorch's RNG.
 RANDOM = "random op"
-#: Ops listed in ``lort.translate._compat._known_wrong`` for some arguments: those nodes
+#: Ops listed in ``lort.fusion.known_wrong`` for some arguments: those nodes
 #: run in PyTorch (substrings of the reasons given there).
 WRONG_DIV_MODE = "div with rounding_mode computes"
 WRONG_FLOOR = "computes float floor division as floor"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 from .backend import LortBackend, lort_backend
 from .capture.autograd_function import is_capturing

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from .backend import lort_backend
+from .capture.autograd_function import BACKEND_MARKER
 from .options import ENV_RUN_TYPE
 
 logger = logging.getLogger("lort")
@@ -50,7 +51,7 @@ def onnxrt_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Any 
     return lort_backend(gm, example_inputs, options)
 
 
-onnxrt_backend._lort_backend = True
+setattr(onnxrt_backend, BACKEND_MARKER, True)
 
 
 def _announce() -> None:

@@ -27,8 +27,7 @@ import threading
 
 import torch
 
-from ..options import Options
-from ..runtime import disk_cache
+from ..fusion import support
 from ..translate import _compat
 
 aten = torch.ops.aten
@@ -268,27 +267,13 @@ def copysign(a, b):
     return torch.where(torch.signbit(b), torch.neg(magnitude), magnitude)
 
 
-def implemented_names(options: Options) -> tuple[str, ...] | None:
-    """The ATen overloads torch_lib translates, from the disk cache when it has them
-    (building them takes torch_lib's whole registry, seconds), else built and stored.
-    None without a disk cache (``table`` then builds them)."""
-    cache = disk_cache.for_options(options)
-    if cache is None:
-        return None
-    key = disk_cache.versions_key("torch_lib implemented overloads")
-    record = cache.load_record(key)
-    ops = record.get("ops") if record else None
-    if isinstance(ops, list) and all(isinstance(o, str) for o in ops):
-        return tuple(ops)
-    names = tuple(_compat.implemented_overload_names())
-    cache.store_record(key, {"ops": list(names)})
-    return names
-
-
 @functools.lru_cache(maxsize=4)
 def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | None = None) -> dict:
     """The decomposition table AOTAutograd traces with: PyTorch's decompositions of the
-    ops torch_lib does not translate (``implemented`` names those it does), plus lort's."""
+    ops torch_lib does not translate correctly (``implemented`` names those it does; the
+    support checker's ``implemented_overload_names()`` when None), plus lort's."""
+    if implemented is None:
+        implemented = support.implemented_overload_names()
     decomps = dict(_compat.decomposition_table(implemented))
     # Decompositions that break tracing: lift_fresh's turns a torch.tensor() constant
     # into an alias of a real tensor inside FakeTensorMode; diagonal_scatter's and

@@ -14,6 +14,7 @@ import importlib.metadata
 import os
 import re
 
+from ..reasons import Placement
 from . import html_graph, html_svg
 from .html_graph import DrawnGraph, Unit, short_op
 from .html_svg import fmt_time
@@ -124,11 +125,11 @@ def _versions() -> str:
 
 def _whole_graph_line(r: GraphRecord) -> str:
     t = r.executor_times
-    if r.executor == "pytorch":
+    if r.executor == Placement.PYTORCH:
         text = "Runs whole in <b>eager PyTorch</b>"
         if t:
             text += (
-                f": timed {fmt_time(t.get('pytorch'))} eager vs {fmt_time(t.get('lort'))} through lort "
+                f": timed {fmt_time(t.get('pytorch'))} eager vs {fmt_time(t.get('ort'))} through lort "
                 "(executor='auto')"
             )
         reason = r.fallbacks[0][1] if r.fallbacks else ""
@@ -137,7 +138,7 @@ def _whole_graph_line(r: GraphRecord) -> str:
         return text + "."
     if t:
         return (
-            f"Runs through <b>lort</b>: timed {fmt_time(t.get('lort'))} through lort vs "
+            f"Runs through <b>lort</b>: timed {fmt_time(t.get('ort'))} through lort vs "
             f"{fmt_time(t.get('pytorch'))} eager (executor='auto', forward and backward together)."
         )
     return "Runs through <b>lort</b> (the whole graph was not timed against eager: executor='ort', or not on CPU)."
@@ -148,7 +149,7 @@ def _section(r: GraphRecord, layout: str) -> str:
     svg, how = html_svg.draw(drawn, layout)
     total = r.ort_nodes + r.torch_nodes
     frac = r.ort_nodes / total if total else 0.0
-    where = "pytorch" if r.executor == "pytorch" else "lort"
+    where = "pytorch" if r.executor == Placement.PYTORCH else "lort"
     out = [
         f'<section id="graph-{html.escape(r.name)}" data-graph="{html.escape(r.name)}">',
         f'<h2>{html.escape(r.name)} <span class="badge">{html.escape(r.kind)}</span>'
@@ -163,7 +164,7 @@ def _section(r: GraphRecord, layout: str) -> str:
         + "; edge labels count the values passed.</div>",
     ]
     out.append(_reasons(drawn))
-    if r.executor != "pytorch" and r.groups:
+    if r.executor != Placement.PYTORCH and r.groups:
         out.append(_group_table(drawn))
     out.append("</section>")
     return "\n".join(out)
@@ -210,7 +211,7 @@ def _group_row(unit: Unit) -> str:
     g = unit.group
     fill, stroke = html_svg.colors(unit)
     runs = "ORT"
-    if g.executor != "ort":
+    if g.executor != Placement.ORT:
         why = unit.why or ""
         short = why if len(why) <= 60 else why[:57] + "..."
         runs = f'PyTorch <span class="muted" title="{html.escape(why)}">({html.escape(short)})</span>'

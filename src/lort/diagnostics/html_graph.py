@@ -11,6 +11,7 @@ import operator
 import torch
 import torch.fx
 
+from ..reasons import Placement
 from .report import GraphRecord, GroupInfo, is_aten_node
 
 #: Above this many PyTorch units, connected PyTorch nodes are drawn as one unit.
@@ -114,7 +115,7 @@ def _group_reasons(record: GraphRecord, rest: list[tuple[str, str]]) -> dict[str
         by_reason[reason][op] += 1
     found = {}
     for g in record.groups:
-        if g.executor == "ort":
+        if g.executor == Placement.ORT:
             continue
         need = collections.Counter(g.ops)
         for reason, have in by_reason.items():
@@ -141,7 +142,7 @@ def _torch_unit(node: torch.fx.Node, reason: str) -> Unit:
 
 def build(record: GraphRecord) -> DrawnGraph:
     """The units and edges to draw for ``record``."""
-    if record.executor == "pytorch":
+    if record.executor == Placement.PYTORCH:
         ops = collections.Counter(op for op, _ in record.fallbacks)
         reasons = collections.Counter(r for _, r in record.fallbacks)
         unit = Unit("eager", "eager", "whole graph in eager PyTorch", record.torch_nodes, ops, reasons)
@@ -181,16 +182,16 @@ def build(record: GraphRecord) -> DrawnGraph:
             mod = record.group_modules.get(name)
             unit = Unit(
                 id=f"g_{name}",
-                kind="group" if info.executor == "ort" else "group-pytorch",
+                kind="group" if info.executor == Placement.ORT else "group-pytorch",
                 title=name,
                 nodes=info.num_nodes,
                 ops=collections.Counter(info.ops),
                 group=info,
                 inputs=[describe_value(a.meta.get("val")) for a in node.all_input_nodes],
-                from_cache=getattr(mod, "from_cache", None),
+                from_cache=mod.from_cache if mod is not None else None,
                 index=index,
             )
-            if info.executor != "ort":
+            if info.executor != Placement.ORT:
                 unit.why = group_reasons[name]
         else:
             unit = _torch_unit(node, reason_by_name.get(node.name, "not recorded"))

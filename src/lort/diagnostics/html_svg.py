@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 
+from ..reasons import Placement
 from .html_graph import DrawnGraph, Unit, short_op
 
 logger = logging.getLogger("lort")
@@ -55,7 +56,7 @@ def group_time(unit: Unit) -> float | None:
         return None
     if g.executor_times.get(g.executor) is not None:
         return g.executor_times[g.executor]
-    return g.thread_times.get(g.threads) if g.executor == "ort" else None  # ORT's times
+    return g.thread_times.get(g.threads) if g.executor == Placement.ORT else None  # ORT's times
 
 
 def reason_marks(unit: Unit, drawn: DrawnGraph) -> str:
@@ -85,7 +86,7 @@ def label_lines(unit: Unit, drawn: DrawnGraph) -> list[tuple[str, bool]]:
         lines = [(unit.title, True), (f"{unit.nodes} ATen nodes", False)]
         t = drawn.record.executor_times
         if t:
-            lines.append((f"eager {fmt_time(t.get('pytorch'))} vs lort {fmt_time(t.get('lort'))}", False))
+            lines.append((f"eager {fmt_time(t.get('pytorch'))} vs lort {fmt_time(t.get('ort'))}", False))
         return lines
     marks = reason_marks(unit, drawn)
     lines = [(f"{unit.title} [{marks}]" if marks else unit.title, False)]

@@ -20,6 +20,7 @@ import time
 
 import torch.fx
 
+from ..reasons import Placement
 from .report import is_aten_node
 
 logger = logging.getLogger("lort")
@@ -80,13 +81,14 @@ class PrepareProgress:
         self.bar = group_bar(self.options, self.name, total)
         self._last = time.perf_counter()
 
-    def group_done(self, mod) -> None:
+    def group_done(self, from_cache: bool, prepare_times: dict) -> None:
+        """A group compiled (or failed to): ``prepare_times`` its seconds per step."""
         now = time.perf_counter()
-        if getattr(mod, "from_cache", False):
+        if from_cache:
             # Read from the disk cache: the time went to loading it and its session.
             self.times["session"] += now - self._last
         else:
-            for step, seconds in getattr(mod, "prepare_times", {}).items():
+            for step, seconds in prepare_times.items():
                 self.times[step] = self.times.get(step, 0.0) + seconds
         self._last = now
         if self.bar is not None:
@@ -116,7 +118,7 @@ class PrepareProgress:
                 "lort: %s: %d group(s) (%d ATen nodes) read from the disk cache, none translated",
                 name, len(cached), sum(nodes[n] for n in cached),
             )
-        built = [m for m in mods.values() if "session" in m.prepare_times or (m.from_cache and m.executor == "ort")]
+        built = [m for m in mods.values() if "session" in m.prepare_times or (m.from_cache and m.executor == Placement.ORT)]
         if built:
             logger.info("lort: %s: built %d ORT session(s) in %.2f s", name, len(built), t["session"])
         timed = [m for n, m in mods.items() if n in fresh and (m.thread_times or m.executor_times)]

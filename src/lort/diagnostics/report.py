@@ -10,6 +10,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..reasons import Placement, Reason, ReasonKind
+
 
 def is_aten_node(node: torch.fx.Node) -> bool:
     """An operator call counted in reports (tuple indexing is not an op)."""
@@ -28,9 +30,9 @@ class GroupInfo:
     thread_times: dict = dataclasses.field(default_factory=dict)
     #: onnxscript ORT fusion rewrites that fired, by name.
     fusions: dict = dataclasses.field(default_factory=dict)
-    #: Where the group runs ("ort", or "pytorch" when executor="auto" timed it faster
-    #: there) and those timings in seconds.
-    executor: str = "ort"
+    #: Where the group runs (PYTORCH when executor="auto" timed it faster there, or ORT
+    #: failed to run it) and those timings in seconds.
+    executor: Placement = Placement.ORT
     executor_times: dict = dataclasses.field(default_factory=dict)
 
 
@@ -41,85 +43,83 @@ class GraphRecord:
     kind: str
     name: str
     graph_module: torch.fx.GraphModule
+    #: The graph as it runs: groups replaced by their modules (the HTML report draws it).
     partitioned: torch.fx.GraphModule | None = None
     groups: list[GroupInfo] = dataclasses.field(default_factory=list)
     ort_nodes: int = 0
     torch_nodes: int = 0
-    fallbacks: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    #: (op, reason) of each ATen node left to PyTorch; a Reason is its text and a kind.
+    fallbacks: list[tuple[str, Reason]] = dataclasses.field(default_factory=list)
     group_modules: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: "lort", or "pytorch" when executor="auto" found the whole graph faster in eager
-    #: PyTorch (see runtime/graph_choice.py), with the timings in seconds.
-    executor: str = "lort"
+    #: ORT (through lort's compiled graph), or PYTORCH when executor="auto" found the
+    #: whole graph faster in eager PyTorch (compile/graph_executor.py), with the timings
+    #: in seconds (keys "ort" and "pytorch").
+    executor: Placement = Placement.ORT
     executor_times: dict = dataclasses.field(default_factory=dict)
 
     def ran_whole_in_pytorch(self, times: dict, cached: bool = False) -> None:
         """The graph this record belongs to runs in eager PyTorch: nothing of it in ORT."""
-        self.executor, self.executor_times = "pytorch", dict(times)
+        self.executor, self.executor_times = Placement.PYTORCH, dict(times)
         if times:
             why = (
                 f"the whole graph ran faster in eager PyTorch ({times['pytorch'] * 1e3:.3f} ms vs "
-                f"{times['lort'] * 1e3:.3f} ms through lort; executor='auto')"
+                f"{times['ort'] * 1e3:.3f} ms through lort; executor='auto')"
             )
         else:
             why = "the whole graph ran faster in eager PyTorch (executor='auto')"
         if cached:
             why += ", read from the disk cache"
+        reason = Reason(ReasonKind.GRAPH_FASTER_IN_EAGER, why)
         nodes = [n for n in self.graph_module.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
-        self.fallbacks = [(_describe_target(n), why) for n in nodes if n.target is not operator.getitem]
+        self.fallbacks = [(_describe_target(n), reason) for n in nodes if n.target is not operator.getitem]
         self.torch_nodes, self.ort_nodes = len(self.fallbacks), 0
         for g in self.groups:
-            g.executor = "pytorch"
+            g.executor = Placement.PYTORCH
         self.group_modules, self.partitioned = {}, None  # their ORT sessions are freed
 
-    def group_failed_at_run(self, name: str, why: str) -> None:
+    def group_failed_at_run(self, name: str, why: Reason) -> None:
         """Group ``name``, which ORT failed to run, runs in PyTorch from now on."""
         info = next((g for g in self.groups if g.name == name), None)
-        if info is None or info.executor == "pytorch":
+        if info is None or info.executor == Placement.PYTORCH:
             return
-        info.executor = "pytorch"
+        info.executor = Placement.PYTORCH
         self.ort_nodes -= info.num_nodes
         self.torch_nodes += info.num_nodes
         self.fallbacks += [(op, why) for op in info.ops]
 
-    def set_result(self, groups, modules, unsupported) -> None:
+    def set_result(self, groups, modules: dict, unsupported: dict) -> None:
+        """Fill the record from the fuser's ``groups``, their runtime ``modules`` (OrtGroup,
+        by group name) and the ``unsupported`` nodes' reasons."""
         from ..fusion.support import op_name
 
         in_group = set()
         unsupported = dict(unsupported)
         for g in groups:
-            mod = modules.get(g.name)
-            if getattr(mod, "executor", "ort") == "ort":
+            mod = modules[g.name]
+            if mod.executor == Placement.ORT:
                 in_group.update(n for n in g.nodes if is_aten_node(n))
-            self.groups.append(
-                GroupInfo(
-                    g.name,
-                    sum(1 for n in g.nodes if is_aten_node(n)),
-                    len(g.inputs),
-                    len(g.outputs),
-                    [op_name(n) for n in g.nodes if is_aten_node(n)],
-                    threads=getattr(mod, "threads", None),
-                    thread_times=dict(getattr(mod, "thread_times", {})),
-                    fusions=dict(getattr(mod, "fusions", {})),
-                    executor=getattr(mod, "executor", "ort"),
-                    executor_times=dict(getattr(mod, "executor_times", {})),
-                )
+            info = GroupInfo(
+                g.name,
+                sum(1 for n in g.nodes if is_aten_node(n)),
+                len(g.inputs),
+                len(g.outputs),
+                [op_name(n) for n in g.nodes if is_aten_node(n)],
+                threads=mod.threads,
+                thread_times=dict(mod.thread_times),
+                fusions=dict(mod.fusions),
+                executor=mod.executor,
+                executor_times=dict(mod.executor_times),
             )
-            if self.groups[-1].executor == "pytorch":
-                t = self.groups[-1].executor_times
-                failure = getattr(mod, "run_failure", None)
-                if failure:  # ORT failed to run it, in this process or one the disk cache remembers
-                    why = f"ORT failed to run its group: {failure}"
-                elif "pytorch" in t and "ort" in t:
-                    why = (
-                        f"its group ran faster in PyTorch ({t['pytorch'] * 1e6:.0f} us vs "
-                        f"{t['ort'] * 1e6:.0f} us in ORT; executor='auto')"
-                    )
-                else:
-                    why = "its group runs in PyTorch (executor='auto')"
+            self.groups.append(info)
+            if info.executor == Placement.PYTORCH:
+                why = _group_in_pytorch(info.executor_times, mod.run_failure)
                 for n in g.nodes:
                     if is_aten_node(n):
                         unsupported.setdefault(n, why)
         self.group_modules = dict(modules)
+        left_alone = Reason(
+            ReasonKind.LEFT_ALONE, "left alone by the fuser (a group of views only, or over max_group_args alone)"
+        )
         for node in self.graph_module.graph.nodes:
             if not is_aten_node(node):
                 continue
@@ -127,10 +127,7 @@ class GraphRecord:
                 self.ort_nodes += 1
             else:
                 self.torch_nodes += 1
-                reason = unsupported.get(
-                    node, "left alone by the fuser (a group of views only, or over max_group_args alone)"
-                )
-                self.fallbacks.append((op_name(node), reason))
+                self.fallbacks.append((op_name(node), unsupported.get(node, left_alone)))
 
     def summary(self) -> str:
         total = self.ort_nodes + self.torch_nodes
@@ -138,6 +135,20 @@ class GraphRecord:
             f"{self.name}: {len(self.groups)} ORT group(s), {self.ort_nodes}/{total} ATen nodes in ORT, "
             f"{self.torch_nodes} in PyTorch"
         )
+
+
+def _group_in_pytorch(t: dict, run_failure: str | None) -> Reason:
+    """Why a group's nodes run in PyTorch: ORT failed to run it (in this process or one
+    the disk cache remembers), or executor="auto" timed it faster there."""
+    if run_failure:
+        return Reason(ReasonKind.RUN_FAILED, f"ORT failed to run its group: {run_failure}")
+    if "pytorch" in t and "ort" in t:
+        return Reason(
+            ReasonKind.SLOWER_IN_ORT,
+            f"its group ran faster in PyTorch ({t['pytorch'] * 1e6:.0f} us vs {t['ort'] * 1e6:.0f} us in ORT; "
+            "executor='auto')",
+        )
+    return Reason(ReasonKind.SLOWER_IN_ORT, "its group runs in PyTorch (executor='auto')")
 
 
 def _describe_target(node: torch.fx.Node) -> str:
@@ -201,8 +212,8 @@ class ExplainReport:
             line = f"{r.name:<24} {r.kind:<10} {len(r.groups):>6} {r.ort_nodes:>6} {r.torch_nodes:>6}"
             if r.executor_times:
                 t = r.executor_times
-                where = "eager PyTorch" if r.executor == "pytorch" else "lort"
-                line += f"  runs through {where} (timed {t['lort'] * 1e3:.3f} ms lort, {t['pytorch'] * 1e3:.3f} ms eager)"
+                where = "eager PyTorch" if r.executor == Placement.PYTORCH else "lort"
+                line += f"  runs through {where} (timed {t['ort'] * 1e3:.3f} ms lort, {t['pytorch'] * 1e3:.3f} ms eager)"
             lines.append(line)
         if self.groups:
             lines += ["", f"{'group':<28} {'nodes':>6} {'inputs':>7} {'outputs':>8} {'threads':>8}  ORT fusions"]
@@ -210,13 +221,13 @@ class ExplainReport:
                 times = ", ".join(f"{k}: {v * 1e6:.0f}us" for k, v in g.thread_times.items() if v is not None)
                 threads = f"{g.threads}" + (f" ({times})" if times else "")
                 fusions = ", ".join(f"{k} x{v}" for k, v in g.fusions.items()) or "-"
-                where = "" if g.executor == "ort" else "  [runs in PyTorch]"
+                where = "" if g.executor == Placement.ORT else "  [runs in PyTorch]"
                 lines.append(
                     f"{g.name:<28} {g.num_nodes:>6} {g.num_inputs:>7} {g.num_outputs:>8} {threads:>8}  {fusions}{where}"
                 )
         # A graph that runs whole in eager PyTorch has one reason for all its nodes: one line.
-        eager_graphs = [r for r in self.records if r.executor == "pytorch"]
-        fallbacks = [f for r in self.records if r.executor != "pytorch" for f in r.fallbacks]
+        eager_graphs = [r for r in self.records if r.executor == Placement.PYTORCH]
+        fallbacks = [f for r in self.records if r.executor != Placement.PYTORCH for f in r.fallbacks]
         if eager_graphs:
             lines += ["", "graphs run whole in eager PyTorch:"]
             for r in eager_graphs:

@@ -1,10 +1,12 @@
-"""Which FX nodes may join an ORT fusion group, and why not.
+"""The one support checker: which FX nodes ORT may run, and why not (a typed Reason).
 
-One registry decides support and translates: a node is supported when torch_lib's
-registry (the one ``lort.translate`` translates with) has a translation for it and its
-inputs and outputs pass the seed's ``IsFusable`` rules. A node whose group later fails to
-translate or to build an ORT session is found by ``lort.translate`` and marked
-unsupported with that reason.
+A node is supported when its inputs and outputs pass the seed's ``IsFusable`` rules
+(dtypes, devices, layouts, argument kinds), it neither mutates an input nor draws random
+numbers, ORT has kernels for its dtype, torch_lib's translation of it is not known to be
+wrong (``known_wrong``) and torch_lib's registry (the one ``lort.translate`` translates
+with) has a translation for it. The fuser groups what this accepts; the decompositions
+ask it which ops torch_lib translates (``implemented_overload_names``); a node whose
+group later fails to translate or to build an ORT session gets ``translation_failed``.
 """
 
 from __future__ import annotations
@@ -16,24 +18,11 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..reasons import Reason, ReasonKind
+from ..runtime import providers
+from ..runtime.dtypes import CUDA_ONLY_DTYPES, SUPPORTED_DTYPES, TABLE
 from ..translate import _compat
-
-#: dtypes lort sends to ORT on every device. bfloat16 goes to ORT on CUDA only
-#: (``CUDA_ONLY_DTYPES``): ORT's CPU provider has no bf16 GEMM or most bf16 kernels (see
-#: design.md), so on CPU those ops stay in PyTorch.
-SUPPORTED_DTYPES = frozenset(
-    {
-        torch.float32,
-        torch.float16,
-        torch.float64,
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-        torch.bool,
-    }
-)
+from . import known_wrong
 
 #: Ops that need no translation and are handled by the fuser: tuple indexing.
 _GETITEM = operator.getitem
@@ -60,22 +49,18 @@ def _tensor_metas(val: Any) -> list[torch.Tensor] | None:
     return None
 
 
-#: dtypes lort sends to ORT's CUDA provider only (autocast's bfloat16).
-CUDA_ONLY_DTYPES = frozenset({torch.bfloat16})
-
-
-def _check_tensor(t: torch.Tensor, what: str) -> str | None:
+def _check_tensor(t: torch.Tensor, what: str) -> Reason | None:
     if t.dtype not in SUPPORTED_DTYPES and not (t.dtype in CUDA_ONLY_DTYPES and t.device.type == "cuda"):
         where = "" if t.dtype not in CUDA_ONLY_DTYPES else " on CPU (ORT's CPU provider lacks its kernels)"
-        return f"{what} has dtype {t.dtype}, which lort does not send to ORT{where}"
+        return Reason(ReasonKind.DTYPE, f"{what} has dtype {t.dtype}, which lort does not send to ORT{where}")
     if t.device.type not in ("cpu", "cuda"):
-        return f"{what} is on device {t.device}, which has no ORT execution provider in lort"
+        return Reason(ReasonKind.DEVICE, f"{what} is on device {t.device}, which has no ORT execution provider in lort")
     if t.layout != torch.strided:
-        return f"{what} has layout {t.layout}; only dense tensors go to ORT"
+        return Reason(ReasonKind.ARGUMENT, f"{what} has layout {t.layout}; only dense tensors go to ORT")
     return None
 
 
-def _check_arg(arg: Any, where: str) -> str | None:
+def _check_arg(arg: Any, where: str) -> Reason | None:
     """The seed's IsFusable: tensors, non-constant int/float scalars, or constants."""
     if isinstance(arg, torch.fx.Node):
         val = arg.meta.get("val")
@@ -83,7 +68,7 @@ def _check_arg(arg: Any, where: str) -> str | None:
             return _check_tensor(val, where)
         if isinstance(val, (torch.SymInt, torch.SymFloat, int, float)) and not isinstance(val, bool):
             return None
-        return f"{where} is {type(val).__name__}, not a tensor or int/float scalar"
+        return Reason(ReasonKind.ARGUMENT, f"{where} is {type(val).__name__}, not a tensor or int/float scalar")
     if isinstance(arg, (list, tuple)):
         for i, a in enumerate(arg):
             reason = _check_arg(a, f"{where}[{i}]")
@@ -92,7 +77,7 @@ def _check_arg(arg: Any, where: str) -> str | None:
         return None
     if is_constant(arg):
         return None
-    return f"{where} is a {type(arg).__name__} constant"
+    return Reason(ReasonKind.ARGUMENT, f"{where} is a {type(arg).__name__} constant")
 
 
 #: ATen ops whose torch_lib translation rests on one ONNX operator that ORT has kernels for
@@ -111,13 +96,6 @@ _ORT_OP_OF = {
     "aten::ceil": "Ceil", "aten::floor": "Floor", "aten::native_group_norm": "InstanceNormalization",
     "aten::gelu": "Erf", "aten::round": "Round", "aten::isnan": "IsNaN",
 }
-_ORT_TYPE_NAMES = {
-    torch.float32: "tensor(float)", torch.float64: "tensor(double)", torch.float16: "tensor(float16)",
-    torch.int64: "tensor(int64)", torch.int32: "tensor(int32)", torch.int16: "tensor(int16)",
-    torch.int8: "tensor(int8)", torch.uint8: "tensor(uint8)", torch.bool: "tensor(bool)",
-}
-
-
 @functools.lru_cache(maxsize=None)
 def _ort_kernel_types(op_type: str, provider: str) -> frozenset | None:
     """The tensor types ORT's ``provider`` has a kernel of ONNX ``op_type`` for (any
@@ -136,7 +114,7 @@ def _ort_kernel_types(op_type: str, provider: str) -> frozenset | None:
     return frozenset(types)
 
 
-def _ort_dtype_reason(node: torch.fx.Node) -> str | None:
+def _ort_dtype_reason(node: torch.fx.Node) -> Reason | None:
     op_type = _ORT_OP_OF.get(node.target._schema.name)
     if op_type == "Erf" and node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none") == "tanh":
         return None  # gelu's tanh form has no Erf
@@ -146,31 +124,32 @@ def _ort_dtype_reason(node: torch.fx.Node) -> str | None:
         return None
     provider = "CUDAExecutionProvider" if val.device.type == "cuda" else "CPUExecutionProvider"
     types = _ort_kernel_types(op_type, provider)
-    if not types or _ORT_TYPE_NAMES.get(val.dtype, "") in types:
+    if not types or (TABLE[val.dtype].ort_name if val.dtype in SUPPORTED_DTYPES else "") in types:
         return None
-    return f"ORT's {provider} has no {op_type} kernel for {val.dtype} (its translation needs one)"
+    return Reason(ReasonKind.DTYPE, f"ORT's {provider} has no {op_type} kernel for {val.dtype} (its translation needs one)")
 
 
-def unsupported_reason(node: torch.fx.Node) -> str | None:
-    """None if ``node`` may run in an ORT group, else why it stays in PyTorch."""
+def unsupported_reason(node: torch.fx.Node) -> Reason | None:
+    """None if ``node`` may run in an ORT group, else why it stays in PyTorch (the rules
+    that need only the node; ``SupportChecker`` adds the options' device rule)."""
     if node.op != "call_function":
-        return f"{node.op} node"
+        return Reason(ReasonKind.NOT_ATEN, f"{node.op} node")
     target = node.target
     if target is _GETITEM:
         src = node.args[0]
         if isinstance(src, torch.fx.Node) and src.op == "call_function" and _tensor_metas(src.meta.get("val")):
             return unsupported_reason(src)
-        return "indexes a value that is not a tuple of tensors"
+        return Reason(ReasonKind.NOT_ATEN, "indexes a value that is not a tuple of tensors")
     if not isinstance(target, torch._ops.OpOverload):
-        return f"{getattr(target, '__name__', target)!s} is not an ATen operator"
+        return Reason(ReasonKind.NOT_ATEN, f"{getattr(target, '__name__', target)!s} is not an ATen operator")
     schema = target._schema
     if schema.is_mutable:
-        return "mutates an input; ORT groups are functional"
+        return Reason(ReasonKind.MUTATION, "mutates an input; ORT groups are functional")
     if torch.Tag.nondeterministic_seeded in target.tags:
-        return "random op; kept in PyTorch so results follow PyTorch's RNG"
+        return Reason(ReasonKind.RANDOM, "random op; kept in PyTorch so results follow PyTorch's RNG")
     outs = _tensor_metas(node.meta.get("val"))
     if outs is None:
-        return "output is not a tensor (or tuple of tensors)"
+        return Reason(ReasonKind.ARGUMENT, "output is not a tensor (or tuple of tensors)")
     for i, t in enumerate(outs):
         reason = _check_tensor(t, f"output {i}")
         if reason:
@@ -190,14 +169,70 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
         if isinstance(a.meta.get("val"), torch.Tensor)
     }
     if len(devices) > 1:
-        return f"mixes devices {sorted(map(str, devices))}"
+        return Reason(ReasonKind.DEVICE, f"mixes devices {sorted(map(str, devices))}")
     reason = _ort_dtype_reason(node)
     if reason:
         return reason
+    wrong = known_wrong.reason(node)
+    if wrong:
+        return Reason(ReasonKind.KNOWN_WRONG, wrong)
     fn, message = _compat.dispatch(node)
     if fn is None:
-        return message
+        return Reason(ReasonKind.NO_TRANSLATION, message)
     return None
+
+
+def translation_failed(error: Exception) -> Reason:
+    """The reason of a node that failed to translate or build a session on its own."""
+    return Reason(ReasonKind.TRANSLATION_FAILED, f"translation failed: {error}")
+
+
+def group_failed(error: Exception) -> Reason:
+    """The reason of the nodes of a group that failed as a whole (no single node did)."""
+    return Reason(ReasonKind.GROUP_FAILED, f"its group failed as a whole: {error}")
+
+
+def implemented_overload_names(store=None) -> tuple[str, ...]:
+    """The ATen overloads torch_lib translates correctly, as names ("aten::add.Tensor"):
+    the decompositions keep these whole. Building them takes torch_lib's whole registry
+    (seconds): ``store`` (a disk cache: ``versions_key``, ``load_record``,
+    ``store_record``) keeps them per library versions so that a warm start skips it."""
+    key = store.versions_key("torch_lib implemented overloads") if store is not None else None
+    record = store.load_record(key) if store is not None else None
+    ops = record.get("ops") if record else None
+    if isinstance(ops, list) and all(isinstance(o, str) for o in ops):
+        return tuple(ops)
+    names = _implemented_overload_names()
+    if store is not None:
+        store.store_record(key, {"ops": list(names)})
+    return names
+
+
+@functools.lru_cache(maxsize=1)
+def _implemented_overload_names() -> tuple[str, ...]:
+    return tuple(sorted(op.name() for op in _compat.implemented_overloads() - known_wrong.always_wrong()))
+
+
+class SupportChecker:
+    """The support decision for one options set: ``unsupported_reason`` plus the device
+    rule (a node on a device with no ORT provider stays in PyTorch, unless the options
+    name the providers)."""
+
+    def __init__(self, provider_override: tuple | None = None):
+        self.provider_override = provider_override
+
+    def reason(self, node: torch.fx.Node) -> Reason | None:
+        return unsupported_reason(node) or self._device_reason(node)
+
+    def _device_reason(self, node: torch.fx.Node) -> Reason | None:
+        if self.provider_override:
+            return None
+        val = node.meta.get("val")
+        for v in val if isinstance(val, (tuple, list)) else [val]:
+            if isinstance(v, torch.Tensor):
+                why = providers.device_check(v.device)
+                return Reason(ReasonKind.DEVICE, why) if why else None
+        return None
 
 
 def op_name(node: torch.fx.Node) -> str:

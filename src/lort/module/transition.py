@@ -186,20 +186,20 @@ class _ModuleBackend(LortBackend):
         super().__init__(options)
         self._save = save
 
-    def compile_graph(self, gm, example_inputs, kind):
-        fn = super().compile_graph(gm, example_inputs, kind)
+    def compile_graph(self, gm, example_inputs, kind, captured_s=None):
+        fn, record = super().compile_graph(gm, example_inputs, kind, captured_s)
         if self._save is not None:
             directory, stem = self._save
             os.makedirs(directory, exist_ok=True)
-            for name, mod in self.records[-1].group_modules.items():
-                data = getattr(mod, "model_bytes", None)
+            for name, mod in record.group_modules.items():
+                data = mod.model_bytes
                 if data is None:
                     continue
                 path = os.path.join(directory, f"{stem}_{name}.onnx")
                 with open(path, "wb") as f:
                     f.write(data)
                 logger.info("lort.ORTModule: wrote %s", path)
-        return fn
+        return fn, record
 
 
 def _make_flat_fn(module: torch.nn.Module, spec: tuple, tag: str) -> Callable:
@@ -266,10 +266,6 @@ class TransitionManager:
     def records(self) -> list:
         """Every graph lort compiled for this module (GraphRecords, all entries)."""
         return [r for e in self.entries.values() for r in e.records]
-
-    @property
-    def capture_count(self) -> int:
-        return len(self.captures)
 
     def invalidate(self, reason: str) -> None:
         """Forget every entry (e.g. the module was converted by ``to()``): the next call

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 
 import onnx
@@ -14,23 +13,9 @@ import torch
 from ..errors import SessionCreationError
 from ..options import Options
 from . import cuda, providers
+from .dtypes import ELEMENT_TYPES
 
 logger = logging.getLogger("lort")
-
-#: ONNX element types of the torch dtypes lort binds (IOBinding takes the ONNX enum,
-#: which covers bfloat16, unlike NumPy dtypes, and binds faster).
-ELEMENT_TYPES = {
-    torch.float32: onnx.TensorProto.FLOAT,
-    torch.float16: onnx.TensorProto.FLOAT16,
-    torch.bfloat16: onnx.TensorProto.BFLOAT16,
-    torch.float64: onnx.TensorProto.DOUBLE,
-    torch.int64: onnx.TensorProto.INT64,
-    torch.int32: onnx.TensorProto.INT32,
-    torch.int16: onnx.TensorProto.INT16,
-    torch.int8: onnx.TensorProto.INT8,
-    torch.uint8: onnx.TensorProto.UINT8,
-    torch.bool: onnx.TensorProto.BOOL,
-}
 
 _LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -123,7 +108,7 @@ class GroupSession:
         self.name = name
         self.device = device
         self.outputs = outputs
-        self.session = _create(model_bytes, device, options, name, threads, tf32=tf32)
+        self.session = create_session(model_bytes, device, options, name, threads, tf32=tf32)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._ort_device = _ort_device(device)
@@ -200,7 +185,7 @@ class GroupSession:
             self._order.after_run(current)
 
 
-def _create(
+def create_session(
     model_bytes: bytes,
     device: torch.device,
     options: Options,
@@ -220,41 +205,6 @@ def _create(
     if count:
         stats.add_session()
     return session
-
-
-def measure_session(model_bytes: bytes, device: torch.device, options: Options, threads: int, feeds: list) -> float | None:
-    """Median seconds of a run of a session with ``threads`` threads on NumPy ``feeds``
-    (CPU only; None where it cannot be measured). Raises SessionCreationError."""
-    if device.type != "cpu":
-        return None
-    session = _create(model_bytes, device, options, "timing", threads, count=False)
-    named = {i.name: f for i, f in zip(session.get_inputs(), feeds)}
-    return median_run_time(lambda: session.run(None, named))
-
-
-def median_run_time(
-    run, warmup: int = 2, samples: int = 6, long_s: float = 0.05, device: torch.device | None = None
-) -> float | None:
-    """Median seconds of ``run()`` after ``warmup`` calls; a run longer than ``long_s``
-    ends the measurement early. None if ``run`` raises (synthetic inputs can be invalid
-    for a graph, e.g. an integer divisor of 0). On a CUDA ``device`` the device is
-    synchronized around each timed call (timing only; runs never sync the host)."""
-    times = []
-    for i in range(warmup + samples):
-        try:
-            cuda.synchronize(device)
-            t0 = time.perf_counter()
-            run()
-            cuda.synchronize(device)
-        except Exception:
-            return None
-        elapsed = time.perf_counter() - t0
-        if i >= warmup or elapsed > long_s:
-            times.append(elapsed)
-        if elapsed > long_s:
-            break
-    times.sort()
-    return times[len(times) // 2]
 
 
 class _FastBinding:

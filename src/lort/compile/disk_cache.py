@@ -20,6 +20,7 @@ import tempfile
 import torch
 import torch.fx
 
+from .._version import __version__
 from ..options import Options
 
 logger = logging.getLogger("lort")
@@ -47,8 +48,6 @@ def _source_hash() -> str:
 @functools.lru_cache(maxsize=1)
 def _versions() -> tuple:
     from importlib import metadata
-
-    from .. import __version__
 
     def version(*dists: str) -> str:
         # Read from metadata: a warm start then never imports onnxscript.
@@ -126,6 +125,10 @@ class DiskCache:
     def __init__(self, directory: str, max_bytes: int):
         self.directory = directory
         self.max_bytes = max_bytes
+
+    @staticmethod
+    def versions_key(what: str) -> str:
+        return versions_key(what)
 
     def _paths(self, key: str) -> tuple[str, str]:
         return os.path.join(self.directory, f"{key}.onnx"), os.path.join(self.directory, f"{key}.json")

@@ -1,0 +1,184 @@
+"""Compiling one ATen graph (forward, backward or inference): support check, fusion,
+group compiles, and the bisect that finds nodes failing to translate.
+
+Returns the graph's callable (groups replaced by ``OrtGroup`` modules) and its
+``GraphRecord``: what ran where, and why (typed reasons, lort.reasons).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+import time
+import warnings
+from typing import Callable
+
+import torch
+import torch.fx
+from torch._functorch.aot_autograd import make_boxed_func
+
+from ..diagnostics import progress
+from ..diagnostics.report import GraphRecord
+from ..errors import LortError, SessionCreationError, TranslationError
+from ..fusion import fuser, support
+from ..options import Options
+from ..reasons import Reason, ReasonKind
+from ..runtime.group import OrtGroup
+from ..translate import onnx_export
+from . import disk_cache
+from .group_compiler import GroupCompiler
+from .tuner import Tuner
+
+logger = logging.getLogger("lort")
+
+#: How many times a graph is re-fused after finding nodes that fail to translate.
+MAX_REFUSE = 8
+
+
+class GraphCompiler:
+    """Compiles ATen graphs for one options set, support checker and tuner."""
+
+    def __init__(self, options: Options, tuner: Tuner, checker: support.SupportChecker):
+        self.options = options
+        self.checker = checker
+        self.groups = GroupCompiler(options, tuner)
+        self.cache = disk_cache.for_options(options) if options.mode != "pytorch" else None
+
+    def compile(self, gm: torch.fx.GraphModule, kind: str, name: str, captured_s: float | None) -> tuple[Callable, GraphRecord]:
+        progress.log_captured(self.options, name, gm, captured_s)
+        record = GraphRecord(kind=kind, name=name, graph_module=gm)
+        plan_key = disk_cache.graph_key(gm, self.options, what="plan") if self.cache else None
+        unsupported = self._cached_plan(gm, self.cache.load_record(plan_key)) if self.cache else None
+        cached = unsupported is not None
+        if unsupported is None:
+            unsupported = {}
+            for node in gm.graph.nodes:
+                if node.op == "call_function":
+                    reason = self.checker.reason(node)
+                    if reason is not None:
+                        unsupported[node] = reason
+        groups, modules = self._fuse_and_compile(gm, unsupported, name)
+        if self.cache and not cached:
+            self.cache.store_record(plan_key, {"unsupported": {n.name: r.to_json() for n, r in unsupported.items()}})
+        record.set_result(groups, modules, unsupported)
+        for mod in modules.values():
+            mod.on_run_failure = lambda reason, group=mod.name: record.group_failed_at_run(group, reason)
+            if self.cache:
+                mod.on_change = self.groups.remember
+        logger.info("lort: %s", record.summary())
+        if not groups:
+            return make_boxed_func(gm.forward), record
+        record.partitioned = fuser.replace_groups(gm, groups, modules)
+        return make_boxed_func(record.partitioned.forward), record
+
+    def _cached_plan(self, gm: torch.fx.GraphModule, entry: dict | None) -> dict[torch.fx.Node, Reason] | None:
+        """The nodes a previous compile of this very graph (same code, metadata, options
+        and versions) left to PyTorch, and why: the support check, which needs
+        torch_lib's registry, is skipped. Nodes found by translating are warned about
+        (or raised on) again, as on the first compile."""
+        entries = entry.get("unsupported") if entry else None
+        if not isinstance(entries, dict):
+            return None
+        by_name = {n.name: n for n in gm.graph.nodes}
+        unsupported = {}
+        for name, data in entries.items():
+            reason = Reason.from_json(data)
+            if reason is None or name not in by_name:
+                return None
+            unsupported[by_name[name]] = reason
+        warned = set()
+        for node, reason in unsupported.items():
+            if not reason.kind.found_by_translating or node.target is operator.getitem:
+                continue
+            if reason.kind is ReasonKind.TRANSLATION_FAILED:
+                self._fail_node(node, reason)
+            elif reason not in warned:  # one warning per failed group, as the first time
+                warned.add(reason)
+                self._fail_message(f"lort: a group runs in PyTorch: {reason.detail}", TranslationError)
+        logger.debug("lort: partition of %d nodes read from the disk cache", len(by_name))
+        return unsupported
+
+    def _fuse_and_compile(self, gm, unsupported, prefix):
+        steps = progress.PrepareProgress(self.options, prefix)
+        try:
+            groups, modules = self._fuse_rounds(gm, unsupported, prefix, steps)
+        finally:
+            steps.close()
+        steps.log(groups, modules)
+        return groups, modules
+
+    def _fuse_rounds(self, gm, unsupported, prefix, steps: progress.PrepareProgress):
+        opts = self.options
+        for _ in range(MAX_REFUSE):
+            groups = fuser.find_groups(gm.graph, lambda n: n not in unsupported, opts.max_group_args, prefix=prefix)
+            if opts.mode != "pytorch":
+                steps.start_round(len(groups))
+            modules: dict[str, OrtGroup] = {}
+            found_new = False
+            for grp in groups:
+                sub, where = fuser.build_group_module(gm, grp)
+                if opts.mode == "pytorch":
+                    modules[grp.name] = OrtGroup(self.groups.unbuilt(grp.name, sub, where), opts)
+                    continue
+                times: dict = {}
+                try:
+                    compiled = self.groups.compile(grp.name, sub, where, times)
+                except (TranslationError, SessionCreationError) as e:
+                    steps.group_done(False, times)
+                    bad = self._find_failing_nodes(grp)
+                    if not bad:
+                        self._fail(grp, e)
+                        reason = support.group_failed(e)
+                        bad = {n: reason for n in grp.nodes}
+                    unsupported.update(bad)
+                    found_new = True
+                    continue
+                steps.group_done(compiled.from_cache, times)
+                modules[grp.name] = OrtGroup(compiled, opts)
+            if not found_new:
+                return groups, modules
+        groups = [g for g in groups if g.name in modules]
+        return groups, modules
+
+    def _find_failing_nodes(self, grp: fuser.FusionGroup) -> dict[torch.fx.Node, Reason]:
+        bad = {}
+        # A probe only needs to know whether the node translates and ORT accepts it.
+        probe = GroupCompiler(
+            dataclasses.replace(
+                self.options, ort_fusions=False, intra_op_num_threads=1, save_onnx=None, disk_cache=False
+            ),
+            self.groups.tuner,
+        )
+        for n in grp.nodes:
+            if n.target is operator.getitem:
+                continue
+            try:
+                probe.compile(f"{grp.name}_probe", onnx_export.single_node_graph(n), None)
+            except (TranslationError, SessionCreationError) as e:
+                reason = support.translation_failed(e)
+                self._fail_node(n, reason)
+                bad[n] = reason
+                for u in n.users:
+                    if u.target is operator.getitem:
+                        bad[u] = reason
+        return bad
+
+    def _fail(self, grp: fuser.FusionGroup, error: LortError) -> None:
+        if self.options.fallback == "raise":
+            raise error
+        warnings.warn(f"lort: group {grp.name} runs in PyTorch: {error}", stacklevel=3)
+
+    def _fail_node(self, node: torch.fx.Node, reason: Reason) -> None:
+        self._fail_message(f"lort: {support.op_name(node)} runs in PyTorch: {reason}", TranslationError)
+
+    def _fail_message(self, msg: str, error: type[LortError]) -> None:
+        if self.options.fallback == "raise":
+            raise error(msg)
+        warnings.warn(msg, stacklevel=4)
+
+
+def captured_seconds(start: float | None, kind: str) -> float | None:
+    """Seconds from AOTAutograd receiving the Dynamo graph to this graph (None for a
+    backward, compiled later)."""
+    return None if start is None or kind == "backward" else time.perf_counter() - start

@@ -1,0 +1,227 @@
+"""Compiling one fusion group: FX graph -> ``CompiledGroup`` (runtime/compiled.py).
+
+Translates to ONNX (``lort.translate``), applies onnxscript's ORT fusion rewrites
+(falling back to the plain translation if ORT refuses the fused model), builds the
+session for the graph's own spec, and lets the tuner choose threads and, with
+executor="auto", between ORT and PyTorch. With the disk cache on, a group compiled
+before (same graph, spec, versions and options) reuses the stored model and choices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+
+import torch
+import torch.fx
+
+from ..errors import SessionCreationError
+from ..options import Options
+from ..reasons import Placement
+from ..runtime import cuda
+from ..runtime.compiled import Boundary, CompiledGroup, spec_key
+from ..runtime.session import GroupSession, OutputSpec
+from ..translate import onnx_export
+from . import disk_cache
+from .layout import dense_perm, inverse, is_symbolic, needs_restride, physical_graph, static_shape
+from .tuner import Tuner, synthetic_inputs
+
+logger = logging.getLogger("lort")
+
+
+def boundary(gm: torch.fx.GraphModule) -> tuple[Boundary, torch.fx.GraphModule]:
+    """How tensors cross the group's boundary, and the graph in physical layouts
+    (permuted layouts cross into and out of ORT in physical order)."""
+    out_metas = [v.meta["val"] for v in next(n for n in gm.graph.nodes if n.op == "output").args[0]]
+    in_metas = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    in_perms = [dense_perm(m) for m in in_metas]
+    out_perms = [dense_perm(m) for m in out_metas]
+    any_perm = any(p is not None for p in in_perms + out_perms)
+    phys_gm = physical_graph(gm, in_perms, out_perms) if any_perm else gm
+    phys_out = next(n for n in phys_gm.graph.nodes if n.op == "output").args[0]
+    dynamic = any(is_symbolic(n.meta.get("val")) for n in gm.graph.nodes if n.op in ("placeholder", "call_function"))
+    b = Boundary(
+        in_perms=tuple(in_perms),
+        out_inverse=tuple(None if p is None else inverse(p) for p in out_perms),
+        # Other non-contiguous layouts (overlapping, broadcast) are copied after the run.
+        restride=tuple(None if p is not None else needs_restride(m) for m, p in zip(out_metas, out_perms)),
+        outputs=tuple(OutputSpec(v.meta["val"].dtype, static_shape(v.meta["val"])) for v in phys_out),
+        dynamic=dynamic,
+    )
+    return b, phys_gm
+
+
+class GroupCompiler:
+    """Compiles groups for one options set with one tuner."""
+
+    def __init__(self, options: Options, tuner: Tuner):
+        self.options = options
+        self.tuner = tuner
+        self.cache = disk_cache.for_options(options)
+
+    def unbuilt(self, name: str, gm: torch.fx.GraphModule, where: list[int] | None) -> CompiledGroup:
+        """A group that is never translated (mode "pytorch" runs its FX graph)."""
+        b, _ = boundary(gm)
+        return CompiledGroup(name, gm, _where(gm, where), _device(gm), b, threads=self._max_threads())
+
+    def compile(
+        self, name: str, gm: torch.fx.GraphModule, where: list[int] | None, times: dict | None = None
+    ) -> CompiledGroup:
+        """The compiled group. ``times`` (if given) gets the seconds per step, also on
+        failure. Raises TranslationError or SessionCreationError."""
+        times = {} if times is None else times
+        b, phys_gm = boundary(gm)
+        device = _device(gm)
+        # The ONNX model's inputs (physical layouts): sessions and ORT timing use these.
+        metas = [n.meta.get("val") for n in phys_gm.graph.nodes if n.op == "placeholder"]
+        fields = dict(name=name, gm=gm, where=_where(gm, where), device=device, boundary=b, prepare_times=times)
+        tf32 = device.type == "cuda" and cuda.tf32_enabled()
+        key = spec_key(metas, b.dynamic, device.type == "cuda", tf32)
+        cache_key = disk_cache.graph_key(gm, self.options) if self.cache else None
+        cached = self._from_cache(cache_key, fields, key, tf32) if self.cache else None
+        if cached is not None:
+            self._save_onnx(cached)
+            return cached
+        with _timed(times, "translate"):
+            model = onnx_export.group_to_onnx(phys_gm, name)
+            plain = onnx_export.serialize(model)
+            candidates, fusions = [(plain, {})], {}
+            if self.options.ort_fusions:
+                fused, fusions = onnx_export.fuse_for_ort(model)
+                if fused is not None:
+                    candidates.insert(0, (fused, fusions))
+        feeds = synthetic_inputs(metas)
+        for i, (model_bytes, fusions) in enumerate(candidates):
+            try:
+                with _timed(times, "timing"):
+                    threads, thread_times = self._choose_threads(model_bytes, device, feeds, b.dynamic)
+                with _timed(times, "session"):
+                    sess = GroupSession(model_bytes, device, b.outputs, self.options, name, threads, tf32=tf32)
+                break
+            except SessionCreationError as e:
+                if i == len(candidates) - 1:
+                    raise
+                logger.info("lort: %s: ORT refused the fused model (%s); using the plain one", name, e)
+        executor, executor_times = Placement.ORT, {}
+        if self.options.executor == "auto" and self.options.mode == "ort" and feeds is not None:
+            with _timed(times, "timing"):
+                executor, executor_times = self._choose_executor(
+                    name, gm, b, sess, feeds, model_bytes, threads, thread_times
+                )
+        compiled = CompiledGroup(
+            **fields, model_bytes=model_bytes, plain_bytes=plain if model_bytes is not plain else None,
+            fusions=fusions, threads=threads, thread_times=thread_times, executor=executor,
+            executor_times=executor_times,
+            # A group that runs in PyTorch never runs its session: its memory goes.
+            session=sess if executor == Placement.ORT else None, session_key=key,
+        )
+        self._save_onnx(compiled)
+        if self.cache:
+            self.cache.store(cache_key, compiled.model_bytes, choices(compiled))
+        return compiled
+
+    def remember(self, group) -> None:
+        """Store a group's run-time change (its model or executor) in the disk cache, so
+        that a new process does not run the failing model again (``OrtGroup.on_change``)."""
+        if self.cache and group.model_bytes is not None:
+            key = disk_cache.graph_key(group.gm, self.options)
+            self.cache.store(key, group.model_bytes, choices(group.compiled, group))
+
+    def _max_threads(self) -> int:
+        return self.options.intra_op_num_threads or torch.get_num_threads()
+
+    def _choose_threads(self, model_bytes, device, feeds, dynamic) -> tuple[int, dict]:
+        threads = self._max_threads()
+        if self.options.intra_op_num_threads is not None or threads == 1 or dynamic or device.type != "cpu":
+            return threads, {}
+        return self.tuner.choose_threads(model_bytes, device, self.options, feeds, threads)
+
+    def _choose_executor(self, name, gm, b, sess, feeds, model_bytes, threads, thread_times):
+        """Time the group in PyTorch against its ORT time; keep the faster. On CUDA
+        both are timed on device tensors, synchronized around the timed region."""
+        device = sess.device
+        if device.type not in ("cpu", "cuda"):
+            return Placement.ORT, {}
+        if device.type == "cuda":
+            ort_time = self.tuner.time_group_session(sess, feeds, device)
+        else:
+            ort_time = min((t for t in thread_times.values() if t is not None), default=None)
+            if ort_time is None:
+                ort_time = self.tuner.time_session(model_bytes, device, self.options, threads, feeds)
+        torch_time = self.tuner.time_pytorch(gm, feeds, list(b.in_perms), device)
+        if ort_time is None or torch_time is None:
+            return Placement.ORT, {}
+        executor = self.tuner.choose_group_executor(ort_time, torch_time)
+        if executor == Placement.PYTORCH:
+            logger.info("lort: %s runs in PyTorch: %.0f us there vs %.0f us in ORT", name, torch_time * 1e6, ort_time * 1e6)
+        return executor, {"ort": ort_time, "pytorch": torch_time}
+
+    def _from_cache(self, cache_key: str, fields: dict, key: tuple, tf32: bool) -> CompiledGroup | None:
+        hit = self.cache.load(cache_key)
+        if hit is None:
+            return None
+        model_bytes, meta = hit
+        name = fields["name"]
+        try:
+            executor = Placement(meta["executor"])
+            threads = int(meta["threads"])
+            compiled = CompiledGroup(
+                **fields, model_bytes=model_bytes, fusions=dict(meta["fusions"]), threads=threads,
+                thread_times={int(k): v for k, v in meta["thread_times"].items()}, executor=executor,
+                executor_times=dict(meta["executor_times"]), run_failure=meta.get("run_failure"),
+                from_cache=True, session_key=key,
+                # A group timed faster in PyTorch never runs its session: none is built.
+                session=GroupSession(
+                    model_bytes, fields["device"], fields["boundary"].outputs, self.options, name, threads, tf32=tf32
+                ) if executor == Placement.ORT else None,
+            )
+        except (KeyError, TypeError, ValueError, SessionCreationError) as e:
+            logger.info("lort: %s: disk cache entry unusable (%s); translating", name, e)
+            return None
+        logger.debug("lort: %s: loaded from the disk cache", name)
+        return compiled
+
+    def _save_onnx(self, compiled: CompiledGroup) -> None:
+        if self.options.save_onnx:
+            os.makedirs(self.options.save_onnx, exist_ok=True)
+            path = os.path.join(self.options.save_onnx, f"{compiled.name}.onnx")
+            with open(path, "wb") as f:
+                f.write(compiled.model_bytes)
+            logger.info("lort: wrote %s", path)
+
+
+def choices(compiled: CompiledGroup, current=None) -> dict:
+    """The disk cache's record of a group's choices (``current``: the run-time group,
+    whose fusions, executor and run failure may have changed since compiling)."""
+    now = current if current is not None else compiled
+    return {
+        "threads": compiled.threads,
+        "thread_times": {str(k): v for k, v in compiled.thread_times.items()},
+        "fusions": now.fusions,
+        "executor": str(now.executor),
+        "executor_times": compiled.executor_times,
+        "run_failure": now.run_failure,
+    }
+
+
+@contextlib.contextmanager
+def _timed(times: dict, step: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        times[step] = times.get(step, 0.0) + time.perf_counter() - start
+
+
+def _where(gm: torch.fx.GraphModule, where: list[int] | None) -> tuple[int, ...]:
+    if where is not None:
+        return tuple(where)
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    return tuple(range(len(out_node.args[0])))
+
+
+def _device(gm: torch.fx.GraphModule) -> torch.device:
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    return torch.device(out_node.args[0][0].meta["val"].device)

@@ -1,0 +1,231 @@
+"""The tuner: every timing lort takes and every choice it makes from one.
+
+Three decisions, each from timings on inputs of the real shapes:
+
+- **threads** (``choose_threads``): a group's ORT session with torch's thread count
+  against one thread (CPU; small groups run faster on one);
+- **group executor** (``choose_group_executor``, executor="auto"): a group in ORT against
+  its FX graph in PyTorch; PyTorch takes it when below ``group_pytorch_margin`` x ORT's
+  time (there PyTorch runs a decomposed graph, so ORT keeps a margin);
+- **graph executor** (``choose_graph_executor``, executor="auto", on the first call):
+  lort's compiled graph against eager PyTorch (forward, and backward when the graph
+  trains); eager takes it when below ``graph_eager_margin`` x lort's time (1.0: lort must
+  be faster than eager to run, since eager is what a user would otherwise have).
+  AOTAutograd's decomposed graphs can run slower than the eager module even when every
+  group is placed where it runs fastest: eager calls PyTorch's fused kernels.
+
+The tuner is passed to the backend (``LortBackend(options, tuner=...)``); a test
+replaces it by a subclass. The whole-graph timing runs on clones of the inputs and
+restores the RNG state, so parameters, buffers and random streams are as if it never ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from ..options import Options
+from ..reasons import Placement
+from ..runtime import cuda
+from ..runtime.dtypes import TABLE
+from ..runtime.session import GroupSession, create_session
+from .layout import inverse, static_shape
+
+logger = logging.getLogger("lort")
+
+
+@dataclasses.dataclass
+class Tuner:
+    """Timers, margins and the three decisions. Subclass to replace a timer in a test."""
+
+    #: A group runs in PyTorch when its PyTorch time is below this x its ORT time.
+    group_pytorch_margin: float = 0.9
+    #: A whole graph runs in eager PyTorch when eager's time is below this x lort's.
+    graph_eager_margin: float = 1.0
+    #: A group whose run takes longer than this with all threads is not timed with one.
+    parallel_work_s: float = 0.02
+    #: Whole-graph timing budget per candidate, in seconds, and samples per candidate.
+    graph_budget_s: float = 0.3
+    graph_min_samples: int = 3
+    graph_max_samples: int = 15
+
+    # -- decisions -----------------------------------------------------------------
+    def choose_threads(
+        self, model_bytes: bytes, device: torch.device, options: Options, feeds: list | None, threads: int
+    ) -> tuple[int, dict[int, float | None]]:
+        """The thread count for a CPU group (``threads`` or 1) and the times it was
+        chosen by. Raises SessionCreationError if ORT refuses the model."""
+        if feeds is None:
+            return threads, {}
+        times: dict[int, float | None] = {}
+        for n in (threads, 1):
+            times[n] = self.time_session(model_bytes, device, options, n, feeds)
+            if times[n] is None or times[n] > self.parallel_work_s:
+                break  # enough work to use every thread (or no measurement possible)
+        if times.get(1) is not None and times[1] < times[threads]:
+            threads = 1
+        return threads, times
+
+    def choose_group_executor(self, ort_time: float | None, torch_time: float | None) -> Placement:
+        if ort_time is None or torch_time is None:
+            return Placement.ORT
+        return Placement.PYTORCH if torch_time < self.group_pytorch_margin * ort_time else Placement.ORT
+
+    def choose_graph_executor(self, times: dict | None) -> Placement:
+        """``times``: ``time_graph``'s result with keys "ort" (lort's graph) and "pytorch"."""
+        if not times:
+            return Placement.ORT
+        return Placement.PYTORCH if times["pytorch"] < self.graph_eager_margin * times["ort"] else Placement.ORT
+
+    # -- timers ----------------------------------------------------------------------
+    def time_session(
+        self, model_bytes: bytes, device: torch.device, options: Options, threads: int, feeds: list
+    ) -> float | None:
+        """Median seconds of a run of a throwaway session with ``threads`` threads on
+        NumPy ``feeds`` (CPU only; None where it cannot be measured). Raises
+        SessionCreationError."""
+        if device.type != "cpu":
+            return None
+        session = create_session(model_bytes, device, options, "timing", threads, count=False)
+        named = {i.name: f for i, f in zip(session.get_inputs(), feeds)}
+        return median_run_time(lambda: session.run(None, named))
+
+    def time_group_session(self, sess: GroupSession, feeds: list, device: torch.device) -> float | None:
+        """Median seconds of a run of a group's session on ``feeds`` moved to ``device``
+        (its real run path: IOBinding, and on CUDA lort's stream ordering)."""
+        with unset_fake_temporarily():
+            args = [_tensor(f, device) for f in feeds]
+            return median_run_time(lambda: sess.run(args), device=device)
+
+    def time_pytorch(self, gm: torch.fx.GraphModule, feeds: list, perms: list, device: torch.device) -> float | None:
+        """Median seconds of a run of ``gm`` on ``feeds`` (real tensors: compilation runs
+        under FakeTensorMode, which this leaves for the measurement) on ``device``; feeds
+        are in physical order, ``perms`` gives each input back its layout."""
+        with unset_fake_temporarily(), torch.no_grad():
+            args = [
+                _tensor(f, device) if p is None else _tensor(f, device).permute(inverse(p))
+                for f, p in zip(feeds, perms)
+            ]
+            return median_run_time(lambda: gm(*args), device=device)
+
+    def time_graph(self, candidates: dict[str, Callable], example_inputs: list) -> dict[str, float] | None:
+        """Seconds of a call (with its backward when the graph trains) of each candidate:
+        the fastest of samples taken round-robin on clones of ``example_inputs`` (the
+        minimum, because other load on the machine slows PyTorch's OpenMP threads far
+        more than ORT's and would bias a median); None if one fails."""
+        train = trains(example_inputs)
+        device = next((a.device for a in example_inputs if isinstance(a, torch.Tensor) and a.is_cuda), None)
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state(device) if device is not None else None
+        try:
+            args = [_clone(a) for a in example_inputs]
+            samples: dict[str, list[float]] = {name: [] for name in candidates}
+            for fn in candidates.values():  # warm-up: lazy compiles (the backward), caches
+                _step(fn, args, train)
+                _step(fn, args, train)
+            spent = 0.0
+            while True:
+                for name, fn in candidates.items():
+                    cuda.synchronize(device)
+                    t0 = time.perf_counter()
+                    _step(fn, args, train)
+                    cuda.synchronize(device)
+                    elapsed = time.perf_counter() - t0
+                    samples[name].append(elapsed)
+                    spent += elapsed
+                n = len(next(iter(samples.values())))
+                if n >= self.graph_max_samples or (
+                    n >= self.graph_min_samples and spent > self.graph_budget_s * len(candidates)
+                ):
+                    break
+            return {name: min(v) for name, v in samples.items()}
+        except Exception as e:  # noqa: BLE001 - a timing failure must not fail compilation
+            logger.info("lort: whole-graph timing failed (%s); keeping lort's graph", e)
+            return None
+        finally:
+            torch.set_rng_state(rng)
+            if device is not None:
+                torch.cuda.set_rng_state(cuda_rng, device)
+
+
+def synthetic_inputs(metas) -> list | None:
+    """Inputs of the placeholders' shapes and dtypes to time on (NumPy, as compilation
+    runs under FakeTensorMode); integer inputs are zeros (valid indices). None when a
+    placeholder is not a tensor of static shape and timed dtype (bfloat16 is not)."""
+    rng = np.random.default_rng(0)
+    out = []
+    for m in metas:
+        dtype = TABLE.get(m.dtype) if isinstance(m, torch.Tensor) else None
+        if dtype is None or dtype.numpy is None or static_shape(m) is None:
+            return None
+        if m.dtype.is_floating_point:
+            out.append(rng.standard_normal(static_shape(m)).astype(dtype.numpy))
+        else:
+            out.append(np.zeros(static_shape(m), dtype=dtype.numpy))
+    return out
+
+
+def median_run_time(
+    run, warmup: int = 2, samples: int = 6, long_s: float = 0.05, device: torch.device | None = None
+) -> float | None:
+    """Median seconds of ``run()`` after ``warmup`` calls; a run longer than ``long_s``
+    ends the measurement early. None if ``run`` raises (synthetic inputs can be invalid
+    for a graph, e.g. an integer divisor of 0). On a CUDA ``device`` the device is
+    synchronized around each timed call (timing only; runs never sync the host)."""
+    times = []
+    for i in range(warmup + samples):
+        try:
+            cuda.synchronize(device)
+            t0 = time.perf_counter()
+            run()
+            cuda.synchronize(device)
+        except Exception:  # noqa: BLE001 - an invalid synthetic input: no measurement
+            return None
+        elapsed = time.perf_counter() - t0
+        if i >= warmup or elapsed > long_s:
+            times.append(elapsed)
+        if elapsed > long_s:
+            break
+    times.sort()
+    return times[len(times) // 2]
+
+
+def trains(example_inputs: list) -> bool:
+    """Whether the graph's call records autograd (AOTAutograd then compiles a backward)."""
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in example_inputs)
+
+
+def _clone(a):
+    """A copy the timing runs may mutate. Leaves that require grad (parameters) are
+    used as they are: a graph cannot modify them in place (autograd forbids it), and
+    gradients are taken with autograd.grad, which leaves their .grad alone; not
+    copying them keeps the timing from doubling the model's memory."""
+    if not isinstance(a, torch.Tensor) or (a.requires_grad and a.is_leaf):
+        return a
+    c = a.detach().clone()  # clone keeps a dense tensor's strides
+    if a.requires_grad:
+        c.requires_grad_(True)
+    return c
+
+
+def _step(fn: Callable, args: list, train: bool) -> None:
+    outs = fn(*args)
+    if not train:
+        return
+    outs = outs if isinstance(outs, (tuple, list)) else [outs]
+    ts = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    if ts and leaves:
+        torch.autograd.grad(ts, leaves, [torch.ones_like(t) for t in ts], allow_unused=True)
+
+
+def _tensor(feed: np.ndarray, device: torch.device) -> torch.Tensor:
+    t = torch.from_numpy(feed)
+    return t if device.type == "cpu" else t.to(device)
