@@ -44,10 +44,10 @@ from .state import capturing, is_capturing
 __all__ = ["is_capturing", "capturing", "install", "entries_in", "OpaqueFunctionError", "opaque_functions"]
 
 #: dynamo_patch's module state, read through the package (never copied at import).
-_LIVE_STATE = ("unavailable_reason", "_installed")
+_PATCH_STATE = ("unavailable_reason", "_installed")
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LIVE_STATE:
+    if name in _PATCH_STATE:
         return getattr(dynamo_patch, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
