@@ -773,8 +773,8 @@ def test_missing_dynamo_internals_turn_the_feature_off_not_lort(monkeypatch):
     warning naming the feature and the version."""
     from torch._dynamo.variables.misc import AutogradFunctionVariable
 
-    monkeypatch.setattr(af, "_installed", False)
-    monkeypatch.setattr(af, "unavailable_reason", None)
+    monkeypatch.setattr(af.dynamo_patch, "_installed", False)
+    monkeypatch.setattr(af.dynamo_patch, "unavailable_reason", None)
     monkeypatch.delattr(AutogradFunctionVariable, "call_apply")
     with pytest.warns(UserWarning, match=r"opaque autograd.Function support is off on torch"):
         assert af.install() is False

@@ -96,7 +96,9 @@ def _walk_paths(spec, path, out, arg_names):
 
 
 def diff_call(old: tuple, new: tuple, arg_names: list[str]) -> list[str]:
-    """``diff`` of two ``flatten_call`` specs, naming positional arguments."""
+    """Where two ``flatten_call`` specs differ in structure or constants, as phrases
+    naming the argument (``input 'labels' passed (was omitted)``, ``input 'n' value
+    changed 2 -> 3``)."""
     out: list[str] = []
     a_old, a_new = old[1][0][1], new[1][0][1]
     for i in range(max(len(a_old), len(a_new))):
@@ -234,14 +236,6 @@ def describe(spec: tuple) -> str:
         names = spec[2] + spec[4]
         return f"{spec[1].__name__}(" + ", ".join(f"{n}={describe(c)}" for n, c in zip(names, spec[3])) + ")"
     return repr(spec)
-
-
-def diff(old: tuple, new: tuple, path: str = "") -> list[str]:
-    """Where two specs differ in structure or constants, as phrases naming the path
-    (``input 'labels' passed (was omitted)``, ``input 'n' value changed 2 -> 3``)."""
-    out: list[str] = []
-    _diff(old, new, path, out)
-    return out
 
 
 def _name(path: str) -> str:
