@@ -79,8 +79,8 @@ class Options:
     #: 1 by timing both at compile time (small groups run faster on one thread).
     intra_op_num_threads: int | None = None
     #: Where groups run. "auto": each group is timed at compile time in ORT and in
-    #: PyTorch on inputs of its real shapes, and runs in PyTorch when that is more than
-    #: 10% faster (explain reports the times); then, on its first call on CPU, the whole
+    #: PyTorch on inputs of its real shapes, and runs in PyTorch when that is faster by
+    #: the tuner's margin (compile/tuner.py; explain reports the times); then, on its first call on CPU, the whole
     #: compiled graph (forward and backward) is timed against eager PyTorch running the
     #: Dynamo graph, and the graph runs in eager PyTorch when that is faster. "ort":
     #: every group in ORT, no timing. Debug mode always runs ORT. Env LORT_EXECUTOR.
@@ -89,16 +89,15 @@ class Options:
     #: matmul, ...) to each group before ORT's own optimizations.
     ort_fusions: bool = True
     #: Let ORT's thread pool spin after a run. Faster back-to-back ORT runs, but the
-    #: spinning threads steal the cores of whatever PyTorch runs next (a resnet18 training
-    #: step took 7x longer with it; see benchmarks/threads.md), so it is opt-in.
+    #: spinning threads steal the cores of whatever PyTorch runs next (measured in
+    #: benchmarks/threads.md), so it is opt-in.
     allow_spinning: bool = False
     #: Every lort session on CPU allocates from one ORT arena shared by the process,
-    #: instead of an arena per session that keeps its peak for good: the peak RSS of 20
-    #: resnet18 training steps grew by 358 MiB instead of 440, resnet50's by 604 instead
-    #: of 830 (benchmarks/memory.md, before and after).
+    #: instead of an arena per session that keeps its peak for good, which lowers peak
+    #: RSS in training (benchmarks/memory.md, before and after).
     share_cpu_arena: bool = True
     #: Write convolution_backward as convolutions so it runs in ORT. Off by default:
-    #: slower than PyTorch's kernels on CPU (see lort/capture/decompositions.py).
+    #: slower than PyTorch's kernels on CPU (benchmarks/conv_backward.md).
     decompose_conv_backward: bool = False
     #: Keep translated groups (the ONNX model and the timed choices) on disk, so a new
     #: process skips translation and timing. Env LORT_DISK_CACHE (0 turns it off).

@@ -1,7 +1,8 @@
 """The decomposition table lort traces with.
 
 Start from PyTorch's own decompositions of exactly the ops torch_lib cannot translate
-(``_compat.decomposition_table``), then add the ones that keep backward graphs in ORT:
+(``_compat.decomposition_table``, given the support checker's
+``implemented_overload_names``), then add the ones that keep backward graphs in ORT:
 
 * attention is traced in its math form (``capture.aot`` selects PyTorch's math SDPA
   backend while tracing), because the fused CPU kernel's backward has no ONNX
@@ -9,8 +10,7 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
 * ``convolution_backward`` (no PyTorch decomposition, no torch_lib translation) can be
   written as the convolutions that compute it, below. It is off by default
   (``Options.decompose_conv_backward``): ORT's Conv with a kernel as large as the
-  feature map is slow, and resnet18's training step measured 132 ms with it against
-  85 ms with convolution_backward left to PyTorch's kernels.
+  feature map is slow (benchmarks/conv_backward.md).
 * ``_transformer_encoder_layer_fwd``, nn.TransformerEncoderLayer's inference fast path
   (no torch_lib translation), is written as the attention, feed-forward and layer
   norms it computes; with an attention mask it stays whole (runs in PyTorch).

@@ -38,103 +38,9 @@ from ..backend import LortBackend
 from ..errors import CaptureError, LortError
 from ..options import Options
 from . import io
+from .state import module_state, same_snapshot, snapshot, state_diff
 
 logger = logging.getLogger("lort.module")
-
-_PLAIN = frozenset((bool, int, float, str, type(None)))
-
-
-# -- the module's state ----------------------------------------------------------------
-def _module_state(modules: list[torch.nn.Module]) -> tuple:
-    """A cheap fingerprint of what in a module tree can change its graph (besides the
-    inputs). Compared with ``==`` on every call; tensors enter by identity only."""
-    plain = _PLAIN
-    return tuple([
-        (
-            tuple([(k, v) for k, v in d.items() if type(v) in plain]),
-            tuple(map(id, d["_parameters"].values())),
-            tuple(map(id, d["_buffers"].values())),
-            tuple(map(id, d["_modules"].values())),
-            len(d["_forward_hooks"]) + len(d["_forward_pre_hooks"]) + len(d["_backward_hooks"])
-            + len(d.get("_backward_pre_hooks", ())),
-        )
-        for d in [m.__dict__ for m in modules]
-    ])
-
-
-def _snapshot(dicts: list[dict]) -> list:
-    """What ``_module_state`` depends on, by identity: cheaper to build and compare (a
-    third of the cost), used to skip ``_module_state`` while nothing changed."""
-    return [
-        (
-            tuple(d.values()),
-            tuple(d["_parameters"].values()),
-            tuple(d["_buffers"].values()),
-            tuple(d["_modules"].values()),
-            len(d["_forward_hooks"]) + len(d["_forward_pre_hooks"]) + len(d["_backward_hooks"])
-            + len(d.get("_backward_pre_hooks", ())),
-        )
-        for d in dicts
-    ]
-
-
-def _same_snapshot(a: list | None, b: list) -> bool:
-    # Unchanged entries compare by identity; a replaced tensor attribute makes == compare
-    # tensors, which may raise (ambiguous truth value): then it changed.
-    try:
-        return a is not None and bool(a == b)
-    except Exception:  # noqa: BLE001 - any failing __eq__ means "changed"
-        return False
-
-
-def _state_diff(old_names: list[str], old: tuple, new_names: list[str], new: tuple) -> list[str]:
-    """Phrases saying how two module states differ."""
-    if old_names != new_names:
-        added = [n for n in new_names if n not in old_names]
-        removed = [n for n in old_names if n not in new_names]
-        parts = []
-        if added:
-            parts.append(f"submodule(s) {added} added")
-        if removed:
-            parts.append(f"submodule(s) {removed} removed")
-        return parts or ["submodules replaced"]
-    out = []
-    root_switched = old[0][0] and dict(old[0][0]).get("training") != dict(new[0][0]).get("training")
-    if root_switched:
-        out.append(f"module switched to {'train' if dict(new[0][0]).get('training') else 'eval'} mode")
-    for name, a, b in zip(new_names, old, new):
-        if a == b:
-            continue
-        label = f"'{name}'" if name else "the module"
-        attrs_a, attrs_b = dict(a[0]), dict(b[0])
-        for k in sorted(attrs_a.keys() | attrs_b.keys()):
-            va, vb = attrs_a.get(k, _MISSING), attrs_b.get(k, _MISSING)
-            if va is vb or va == vb:
-                continue
-            if k == "training":
-                if not root_switched:
-                    out.append(f"submodule {label} switched to {'train' if vb else 'eval'} mode")
-                continue
-            attr = f"{name}.{k}" if name else k
-            if va is _MISSING:
-                out.append(f"module attribute '{attr}' set to {vb!r}")
-            elif vb is _MISSING:
-                out.append(f"module attribute '{attr}' removed (or no longer a constant)")
-            else:
-                out.append(f"module attribute '{attr}' changed {va!r} -> {vb!r}")
-        if a[1] != b[1]:
-            out.append(f"parameters of {label} replaced")
-        if a[2] != b[2]:
-            out.append(f"buffers of {label} replaced")
-        if a[3] != b[3]:
-            out.append(f"submodules of {label} replaced")
-        if a[4] != b[4]:
-            out.append(f"hooks of {label} changed")
-    return out or ["module state changed"]
-
-
-_MISSING = object()
-
 
 # -- schema keys and entries -----------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
@@ -285,20 +191,20 @@ class TransitionManager:
         self._snap = None
 
     def _state_key(self) -> int:
-        snap = _snapshot(self._dicts)
-        if _same_snapshot(self._snap, snap):
+        snap = snapshot(self._dicts)
+        if same_snapshot(self._snap, snap):
             return self._state_token
         # Something changed (or submodules were added or replaced): walk the tree again
         # and look the state up; equal states share a token, so switching back and forth
         # (train/eval) reuses entries.
         self._refresh_modules()
-        state = _module_state(self._modules)
+        state = module_state(self._modules)
         token = self._tokens.get(state)
         if token is None:
             token = len(self._tokens) + 1
             self._tokens[state] = token
             self._token_info[token] = (list(self._module_names), state)
-        self._snap = _snapshot(self._dicts)
+        self._snap = snapshot(self._dicts)
         self._state, self._state_token = state, token
         return token
 
@@ -404,7 +310,7 @@ class TransitionManager:
         if last.state != key.state:
             old_names, old_state = self._token_info[last.state]
             new_names, new_state = self._token_info[key.state]
-            parts += _state_diff(old_names, old_state, new_names, new_state)
+            parts += state_diff(old_names, old_state, new_names, new_state)
         if last.grad_enabled != key.grad_enabled:
             parts.append(f"grad mode {'enabled' if key.grad_enabled else 'disabled'}")
         if last.spec != key.spec:
