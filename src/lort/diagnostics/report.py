@@ -186,6 +186,11 @@ class ExplainReport:
         return [f for r in self.records for f in r.fallbacks]
 
     @property
+    def fallback_kinds(self) -> collections.Counter:
+        """How many ATen nodes stayed in PyTorch, by ReasonKind."""
+        return collections.Counter(r.kind for _, r in self.fallbacks if isinstance(r, Reason))
+
+    @property
     def ort_fraction(self) -> float:
         total = self.ort_nodes + self.torch_nodes
         return self.ort_nodes / total if total else 0.0
@@ -234,7 +239,9 @@ class ExplainReport:
                 reason = r.fallbacks[0][1] if r.fallbacks else "executor='auto'"
                 lines.append(f"  {r.name} ({r.torch_nodes} nodes): {reason}")
         if fallbacks:
-            lines += ["", "left to PyTorch:", f"{'count':>6}  {'op':<40} reason"]
+            kinds = collections.Counter(r.kind for _, r in fallbacks if isinstance(r, Reason))
+            by_kind = ", ".join(f"{k.value} {c}" for k, c in kinds.most_common())
+            lines += ["", f"left to PyTorch (by kind: {by_kind}):", f"{'count':>6}  {'op':<40} reason"]
             counts = collections.Counter(fallbacks)
             for (op, reason), c in counts.most_common():
                 lines.append(f"{c:>6}  {op:<40} {reason}")

@@ -1,0 +1,81 @@
+"""Typed reasons: what stays in PyTorch says why with a kind, which the disk cache keeps
+and explain counts, and the bisect's verdicts are warned about again from the cache."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+
+import torch
+
+import lort
+from lort.backend import LortBackend
+from lort.reasons import Placement, Reason, ReasonKind
+
+
+def _f(x):
+    # dropout: random; to(bfloat16) on CPU: a dtype ORT's CPU provider lacks; add_: mutation.
+    y = torch.nn.functional.dropout(x.sin(), 0.5, training=True).cos()
+    return y + x.to(torch.bfloat16).float().exp()
+
+
+def test_reason_is_its_text_with_a_kind():
+    r = Reason(ReasonKind.DTYPE, "output 0 has dtype torch.bfloat16")
+    assert r == "output 0 has dtype torch.bfloat16" and "bfloat16" in r and r.kind is ReasonKind.DTYPE
+    assert Reason.from_json(r.to_json()) == r and Reason.from_json(r.to_json()).kind is ReasonKind.DTYPE
+    back = pickle.loads(pickle.dumps(r))
+    assert back == r and back.kind is ReasonKind.DTYPE
+    assert Reason.from_json({"kind": "NO_SUCH_KIND", "detail": "x"}) is None
+    assert Reason.from_json("a plain string from an older cache") is None
+    assert Placement.ORT == "ort" and Placement("pytorch") is Placement.PYTORCH
+
+
+def test_fallbacks_carry_kinds_and_the_disk_cache_keeps_them(tmp_path):
+    x = torch.randn(4, 8)
+    opts = {"executor": "ort", "disk_cache": True, "cache_dir": str(tmp_path)}
+    cold = LortBackend(opts)
+    torch.compile(_f, backend=cold)(x)
+    report = lort.ExplainReport(cold.records)
+    kinds = report.fallback_kinds
+    assert kinds[ReasonKind.RANDOM] >= 1 and kinds[ReasonKind.DTYPE] >= 1, report.fallbacks
+    assert all(isinstance(r, Reason) for _, r in report.fallbacks)
+    assert "by kind:" in str(report) and "random" in str(report)
+    torch._dynamo.reset()
+    warm = LortBackend(opts)
+    torch.compile(_f, backend=warm)(x)
+    cold_reasons = [(op, r.kind, str(r)) for op, r in report.fallbacks]
+    warm_reasons = [(op, r.kind, str(r)) for op, r in lort.ExplainReport(warm.records).fallbacks]
+    assert warm_reasons == cold_reasons
+
+
+def test_a_translation_failure_is_warned_again_when_read_from_the_disk_cache(tmp_path, monkeypatch):
+    """The bisect's verdict (TRANSLATION_FAILED) is stored by kind; a warm compile warns
+    again, as the first did, without prefix-matching any text."""
+    from lort.translate import _compat
+
+    real = _compat.translate_graph
+
+    def broken(fx_graph, name):
+        if any(n.target is torch.ops.aten.cos.default for n in fx_graph.nodes):
+            raise RuntimeError("simulated failure")
+        return real(fx_graph, name)
+
+    monkeypatch.setattr(_compat, "translate_graph", broken)
+    opts = {"executor": "ort", "disk_cache": True, "cache_dir": str(tmp_path)}
+
+    def g(x):
+        return x.sin().cos().exp()
+
+    x = torch.randn(3, 5)
+    for attempt in ("cold", "warm"):
+        torch._dynamo.reset()
+        backend = LortBackend(opts)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = torch.compile(g, backend=backend)(x)
+        torch.testing.assert_close(out, g(x))
+        msgs = [str(w.message) for w in caught if "aten.cos.default runs in PyTorch" in str(w.message)]
+        assert len(msgs) == 1, (attempt, [str(w.message) for w in caught])
+        (record,) = backend.records
+        reasons = {op: r for op, r in record.fallbacks}
+        assert reasons["aten.cos.default"].kind is ReasonKind.TRANSLATION_FAILED, attempt
