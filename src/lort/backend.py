@@ -14,6 +14,7 @@ import torch.fx
 
 from .capture import aot_backend
 from .capture import autograd_function, decompositions, distributed
+from .capture import weights as weights_mod
 from .compile import disk_cache
 from .compile.graph_compiler import GraphCompiler, captured_seconds
 from .compile.graph_executor import ChooseOnFirstCall
@@ -52,9 +53,13 @@ class LortBackend:
         # This Dynamo graph's ATen graphs (forward, backward or inference), in compile order.
         own: list[GraphRecord] = []
         capture_start = time.perf_counter()
+        weights = weights_mod.module_weights(gm, example_inputs) if self.options.freeze is not False else {}
 
         def compile_aot(aot_gm, aot_inputs, kind):
-            fn, record = self.compile_graph(aot_gm, aot_inputs, kind, captured_seconds(capture_start, kind))
+            frozen = _aligned(weights, example_inputs, aot_inputs) if kind == "inference" else None
+            fn, record = self.compile_graph(
+                aot_gm, aot_inputs, kind, captured_seconds(capture_start, kind), weights=frozen
+            )
             own.append(record)
             return fn
 
@@ -79,11 +84,13 @@ class LortBackend:
         return compiled
 
     def compile_graph(
-        self, gm: torch.fx.GraphModule, example_inputs: list, kind: str, captured_s: float | None = None
+        self, gm: torch.fx.GraphModule, example_inputs: list, kind: str, captured_s: float | None = None,
+        weights: dict | None = None,
     ) -> tuple[Callable, GraphRecord]:
-        """One ATen graph: its callable and its record (also appended to ``records``)."""
+        """One ATen graph: its callable and its record (also appended to ``records``).
+        ``weights``: placeholder index -> (name, tensor) an inference graph may freeze."""
         self._count += 1
-        fn, record = self.compiler.compile(gm, kind, f"g{self._count}_{kind}", captured_s)
+        fn, record = self.compiler.compile(gm, kind, f"g{self._count}_{kind}", captured_s, weights)
         self.records.append(record)
         return fn, record
 
@@ -107,6 +114,21 @@ class LortBackend:
 
 
 setattr(LortBackend, autograd_function.BACKEND_MARKER, True)
+
+
+def _aligned(weights: dict[int, str], real: list, fake: list) -> dict[int, tuple[str, torch.Tensor]] | None:
+    """The weights by AOTAutograd placeholder: an inference graph's placeholders are
+    the Dynamo graph's inputs in order (checked: same count, and each weight's shape,
+    dtype and strides); None where they are not."""
+    if not weights or len(real) != len(fake):
+        return None
+    out = {}
+    for i, name in weights.items():
+        r, f = real[i], fake[i]
+        if not isinstance(f, torch.Tensor) or (r.shape, r.dtype, r.stride()) != (f.shape, f.dtype, f.stride()):
+            return None
+        out[i] = (name, r)
+    return out
 
 
 def lort_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Any = None) -> Callable:

@@ -20,6 +20,15 @@ ENV_EXECUTOR = "LORT_EXECUTOR"
 ENV_DISK_CACHE = "LORT_DISK_CACHE"
 ENV_CACHE_DIR = "LORT_CACHE_DIR"
 ENV_PROGRESS = "LORT_PROGRESS"
+ENV_FREEZE = "LORT_FREEZE"
+FREEZE_MODES = ("auto", True, False)
+
+
+def _env_freeze() -> "str | bool":
+    raw = os.environ.get(ENV_FREEZE, "").strip().lower()
+    if not raw or raw == "auto":
+        return "auto"
+    return _env_bool(ENV_FREEZE, True)
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -116,6 +125,16 @@ class Options:
     #: graph with many of them when stderr is a terminal (with tqdm installed). Env
     #: LORT_PROGRESS (0 turns both off).
     progress: bool = dataclasses.field(default_factory=lambda: _env_bool(ENV_PROGRESS, True))
+    #: Inference graphs (no grad): parameters and buffers the graph only reads become
+    #: ORT initializers instead of inputs, so ORT folds, fuses and pre-packs them. Each
+    #: call first checks that every frozen tensor is still the one frozen: same object,
+    #: data pointer and version counter (in-place ops, optimizer steps, load_state_dict,
+    #: buffer updates, a new Parameter or ``p.data = t``), and with "auto" also one
+    #: sampled element of each CPU tensor (catches most writes through ``p.data`` or
+    #: NumPy, which bump no version); a change re-freezes with the new values.
+    #: True skips the sampled element; False keeps weights as inputs. Env LORT_FREEZE
+    #: (auto, 1, 0).
+    freeze: "str | bool" = dataclasses.field(default_factory=_env_freeze)
 
     def __post_init__(self) -> None:
         if self.mode not in RUN_MODES:
@@ -138,6 +157,8 @@ class Options:
         if not isinstance(self.schema_cache_size, int) or isinstance(self.schema_cache_size, bool) \
                 or self.schema_cache_size < 1:
             raise ValueError(f"lort option schema_cache_size={self.schema_cache_size!r} must be an int >= 1")
+        if not any(self.freeze is m if isinstance(m, bool) else self.freeze == m for m in FREEZE_MODES):
+            raise ValueError(f"lort option freeze={self.freeze!r} is not one of {FREEZE_MODES}")
         if not isinstance(self.progress, bool):
             raise ValueError(f"lort option progress={self.progress!r} must be True or False")
         if not isinstance(self.max_group_args, int) or self.max_group_args < 2:

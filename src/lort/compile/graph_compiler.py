@@ -45,7 +45,12 @@ class GraphCompiler:
         self.groups = GroupCompiler(options, tuner)
         self.cache = disk_cache.for_options(options) if options.mode != "pytorch" else None
 
-    def compile(self, gm: torch.fx.GraphModule, kind: str, name: str, captured_s: float | None) -> tuple[Callable, GraphRecord]:
+    def compile(
+        self, gm: torch.fx.GraphModule, kind: str, name: str, captured_s: float | None,
+        weights: dict[int, tuple[str, torch.Tensor]] | None = None,
+    ) -> tuple[Callable, GraphRecord]:
+        """``weights``: placeholder index -> (name, tensor) of the module weights an
+        inference graph may freeze (Options.freeze)."""
         progress.log_captured(self.options, name, gm, captured_s)
         record = GraphRecord(kind=kind, name=name, graph_module=gm)
         plan_key = disk_cache.graph_key(gm, self.options, what="plan") if self.cache else None
@@ -58,11 +63,13 @@ class GraphCompiler:
                     reason = self.checker.reason(node)
                     if reason is not None:
                         unsupported[node] = reason
-        groups, modules = self._fuse_and_compile(gm, unsupported, name)
+        by_node = _weight_nodes(gm, weights) if self.options.mode != "pytorch" else {}
+        groups, modules = self._fuse_and_compile(gm, unsupported, name, by_node)
         if self.cache and not cached:
             self.cache.store_record(plan_key, {"unsupported": {n.name: r.to_json() for n, r in unsupported.items()}})
         record.set_result(groups, modules, unsupported)
         for mod in modules.values():
+            mod.refreeze = self.groups.refreezer(mod.compiled)
             mod.on_run_failure = lambda reason, group=mod.name: record.group_failed_at_run(group, reason)
             if self.cache:
                 mod.on_change = self.groups.remember
@@ -99,19 +106,23 @@ class GraphCompiler:
         logger.debug("lort: partition of %d nodes read from the disk cache", len(by_name))
         return unsupported
 
-    def _fuse_and_compile(self, gm, unsupported, prefix):
+    def _fuse_and_compile(self, gm, unsupported, prefix, weights):
         steps = progress.PrepareProgress(self.options, prefix)
         try:
-            groups, modules = self._fuse_rounds(gm, unsupported, prefix, steps)
+            groups, modules = self._fuse_rounds(gm, unsupported, prefix, steps, weights)
         finally:
             steps.close()
         steps.log(groups, modules)
         return groups, modules
 
-    def _fuse_rounds(self, gm, unsupported, prefix, steps: progress.PrepareProgress):
+    def _fuse_rounds(self, gm, unsupported, prefix, steps: progress.PrepareProgress, weights: dict):
         opts = self.options
         for _ in range(MAX_REFUSE):
-            groups = fuser.find_groups(gm.graph, lambda n: n not in unsupported, opts.max_group_args, prefix=prefix)
+            # Frozen weights are no inputs of a group's session: they do not count
+            # towards max_group_args.
+            groups = fuser.find_groups(
+                gm.graph, lambda n: n not in unsupported, opts.max_group_args, prefix=prefix, free_inputs=set(weights)
+            )
             if opts.mode != "pytorch":
                 steps.start_round(len(groups))
             modules: dict[str, OrtGroup] = {}
@@ -123,7 +134,8 @@ class GraphCompiler:
                     continue
                 times: dict = {}
                 try:
-                    compiled = self.groups.compile(grp.name, sub, where, times)
+                    own = {k: weights[n] for k, n in enumerate(grp.inputs) if n in weights}
+                    compiled = self.groups.compile(grp.name, sub, where, times, own)
                 except (TranslationError, SessionCreationError) as e:
                     steps.group_done(False, times)
                     bad = self._find_failing_nodes(grp)
@@ -176,6 +188,17 @@ class GraphCompiler:
         if self.options.fallback == "raise":
             raise error(msg)
         warnings.warn(msg, stacklevel=4)
+
+
+def _weight_nodes(gm: torch.fx.GraphModule, weights: dict | None) -> dict:
+    """Placeholder node -> (name, tensor) of the weights to freeze; a placeholder the
+    graph returns as it is (an alias of an output) stays an input."""
+    if not weights:
+        return {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    returned = set(output.all_input_nodes)
+    return {placeholders[i]: w for i, w in weights.items() if i < len(placeholders) and placeholders[i] not in returned}
 
 
 def captured_seconds(start: float | None, kind: str) -> float | None:

@@ -10,6 +10,7 @@ before (same graph, spec, versions and options) reuses the stored model and choi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -24,7 +25,7 @@ from ..runtime import cuda
 from ..runtime.compiled import Boundary, CompiledGroup, spec_key
 from ..runtime.session import GroupSession, OutputSpec
 from ..translate import onnx_export
-from . import disk_cache
+from . import disk_cache, freezing
 from .layout import dense_perm, inverse, is_symbolic, needs_restride, physical_graph, static_shape
 from .tuner import Tuner, synthetic_inputs
 
@@ -67,36 +68,49 @@ class GroupCompiler:
         return CompiledGroup(name, gm, _where(gm, where), _device(gm), b, threads=self._max_threads())
 
     def compile(
-        self, name: str, gm: torch.fx.GraphModule, where: list[int] | None, times: dict | None = None
+        self, name: str, gm: torch.fx.GraphModule, where: list[int] | None, times: dict | None = None,
+        weights: dict[int, tuple[str, torch.Tensor]] | None = None,
     ) -> CompiledGroup:
         """The compiled group. ``times`` (if given) gets the seconds per step, also on
-        failure. Raises TranslationError or SessionCreationError."""
+        failure. ``weights`` (input index -> (name, tensor)): inputs to freeze into the
+        session as ORT initializers where they can be. Raises TranslationError or
+        SessionCreationError."""
         times = {} if times is None else times
         b, phys_gm = boundary(gm)
         device = _device(gm)
+        frozen, kept = freezing.choose(weights, b, device)
         # The ONNX model's inputs (physical layouts): sessions and ORT timing use these.
         metas = [n.meta.get("val") for n in phys_gm.graph.nodes if n.op == "placeholder"]
         fields = dict(name=name, gm=gm, where=_where(gm, where), device=device, boundary=b, prepare_times=times)
         tf32 = device.type == "cuda" and cuda.tf32_enabled()
         key = spec_key(metas, b.dynamic, device.type == "cuda", tf32)
-        cache_key = disk_cache.graph_key(gm, self.options) if self.cache else None
-        cached = self._from_cache(cache_key, fields, key, tf32) if self.cache else None
+        # A frozen group's entry holds its plain model (weights as inputs) and choices:
+        # a warm compile freezes the current weights into it.
+        cache = self.cache
+        cache_key = self._cache_key(gm, frozen) if cache else None
+        cached = self._from_cache(cache_key, fields, key, tf32, frozen, kept) if cache else None
         if cached is not None:
-            self._save_onnx(cached)
+            self._save_onnx(name, cached.model_bytes)
             return cached
         with _timed(times, "translate"):
             model = onnx_export.group_to_onnx(phys_gm, name)
             plain = onnx_export.serialize(model)
-            candidates, fusions = [(plain, {})], {}
-            if self.options.ort_fusions:
-                fused, fusions = onnx_export.fuse_for_ort(model)
-                if fused is not None:
-                    candidates.insert(0, (fused, fusions))
+            if frozen:
+                candidates = freezing.candidates(model, frozen, self.options)
+            else:
+                candidates = [(plain, {})]
+                if self.options.ort_fusions:
+                    fused, fusions = onnx_export.fuse_for_ort(model)
+                    if fused is not None:
+                        candidates.insert(0, (fused, fusions))
         feeds = synthetic_inputs(metas)
+        # What the session takes: the frozen weights are its initializers.
+        frozen_idx = {w.index for w in frozen}
+        ort_feeds = None if feeds is None else [f for i, f in enumerate(feeds) if i not in frozen_idx]
         for i, (model_bytes, fusions) in enumerate(candidates):
             try:
                 with _timed(times, "timing"):
-                    threads, thread_times = self._choose_threads(model_bytes, device, feeds, b.dynamic)
+                    threads, thread_times = self._choose_threads(model_bytes, device, ort_feeds, b.dynamic)
                 with _timed(times, "session"):
                     sess = GroupSession(model_bytes, device, b.outputs, self.options, name, threads, tf32=tf32)
                 break
@@ -108,26 +122,75 @@ class GroupCompiler:
         if self.options.executor == "auto" and self.options.mode == "ort" and feeds is not None:
             with _timed(times, "timing"):
                 executor, executor_times = self._choose_executor(
-                    name, gm, b, sess, feeds, model_bytes, threads, thread_times
+                    name, gm, b, sess, feeds, ort_feeds, model_bytes, threads, thread_times
                 )
+        if frozen:
+            self._save_onnx(name, model_bytes)
+            # What runs if the weights are unfrozen: the plain model, weights as inputs.
+            model_bytes, plain_bytes = plain, None
+        else:
+            plain_bytes = plain if model_bytes is not plain else None
         compiled = CompiledGroup(
-            **fields, model_bytes=model_bytes, plain_bytes=plain if model_bytes is not plain else None,
+            **fields, model_bytes=model_bytes, plain_bytes=plain_bytes,
             fusions=fusions, threads=threads, thread_times=thread_times, executor=executor,
             executor_times=executor_times,
             # A group that runs in PyTorch never runs its session: its memory goes.
             session=sess if executor == Placement.ORT else None, session_key=key,
+            frozen=frozen if executor == Placement.ORT else (), freeze_sample=self.options.freeze == "auto",
+            kept_inputs=kept,
         )
-        self._save_onnx(compiled)
-        if self.cache:
-            self.cache.store(cache_key, compiled.model_bytes, choices(compiled))
+        if not frozen:
+            self._save_onnx(name, compiled.model_bytes)
+        if cache:
+            cache.store(cache_key, compiled.model_bytes, choices(compiled))
         return compiled
+
+    def refreezer(self, compiled: CompiledGroup):
+        """For a group with frozen weights: the function the runtime calls with the
+        current weights (and TF32 setting) to get a session holding them, or None."""
+        if not compiled.frozen:
+            return None
+        b, name = compiled.boundary, compiled.name
+
+        def refreeze(tensors: list, tf32: bool) -> GroupSession | None:
+            start = time.perf_counter()
+            try:
+                sess = self._frozen_session(
+                    compiled.model_bytes, bool(compiled.fusions), compiled.frozen, tensors, compiled.device,
+                    b.outputs, name, compiled.threads, tf32,
+                )
+            except Exception as e:  # noqa: BLE001 - the runtime unfreezes the weights instead
+                logger.info("lort: %s: freezing the weights again failed (%s)", name, e)
+                return None
+            logger.info("lort: %s: weights frozen again in %.3f s", name, time.perf_counter() - start)
+            return sess
+
+        return refreeze
 
     def remember(self, group) -> None:
         """Store a group's run-time change (its model or executor) in the disk cache, so
         that a new process does not run the failing model again (``OrtGroup.on_change``)."""
         if self.cache and group.model_bytes is not None:
-            key = disk_cache.graph_key(group.gm, self.options)
+            key = self._cache_key(group.gm, group.compiled.frozen)
             self.cache.store(key, group.model_bytes, choices(group.compiled, group))
+
+    def _cache_key(self, gm: torch.fx.GraphModule, frozen) -> str:
+        what = "group" if not frozen else "group frozen " + ",".join(str(w.index) for w in frozen)
+        return disk_cache.graph_key(gm, self.options, what=what)
+
+    def _frozen_session(self, plain_bytes, fused, frozen, tensors, device, outputs, name, threads, tf32):
+        """A session of the plain model ``plain_bytes`` with ``frozen`` weights as
+        initializers holding ``tensors`` (theirs when None), ORT-fused when ``fused``
+        (the plain frozen model where ORT refuses the fused one)."""
+        options = self.options if fused else dataclasses.replace(self.options, ort_fusions=False)
+        models = freezing.candidates(onnx_export.deserialize(plain_bytes), frozen, options, tensors)
+        for i, (model_bytes, _) in enumerate(models):
+            try:
+                return GroupSession(model_bytes, device, outputs, self.options, name, threads, tf32=tf32)
+            except SessionCreationError:
+                if i == len(models) - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def _max_threads(self) -> int:
         return self.options.intra_op_num_threads or torch.get_num_threads()
@@ -138,18 +201,18 @@ class GroupCompiler:
             return threads, {}
         return self.tuner.choose_threads(model_bytes, device, self.options, feeds, threads)
 
-    def _choose_executor(self, name, gm, b, sess, feeds, model_bytes, threads, thread_times):
+    def _choose_executor(self, name, gm, b, sess, feeds, ort_feeds, model_bytes, threads, thread_times):
         """Time the group in PyTorch against its ORT time; keep the faster. On CUDA
         both are timed on device tensors, synchronized around the timed region."""
         device = sess.device
         if device.type not in ("cpu", "cuda"):
             return Placement.ORT, {}
         if device.type == "cuda":
-            ort_time = self.tuner.time_group_session(sess, feeds, device)
+            ort_time = self.tuner.time_group_session(sess, ort_feeds, device)
         else:
             ort_time = min((t for t in thread_times.values() if t is not None), default=None)
             if ort_time is None:
-                ort_time = self.tuner.time_session(model_bytes, device, self.options, threads, feeds)
+                ort_time = self.tuner.time_session(model_bytes, device, self.options, threads, ort_feeds)
         torch_time = self.tuner.time_pytorch(gm, feeds, list(b.in_perms), device)
         if ort_time is None or torch_time is None:
             return Placement.ORT, {}
@@ -158,24 +221,29 @@ class GroupCompiler:
             logger.info("lort: %s runs in PyTorch: %.0f us there vs %.0f us in ORT", name, torch_time * 1e6, ort_time * 1e6)
         return executor, {"ort": ort_time, "pytorch": torch_time}
 
-    def _from_cache(self, cache_key: str, fields: dict, key: tuple, tf32: bool) -> CompiledGroup | None:
+    def _from_cache(self, cache_key: str, fields: dict, key: tuple, tf32: bool, frozen, kept) -> CompiledGroup | None:
         hit = self.cache.load(cache_key)
         if hit is None:
             return None
         model_bytes, meta = hit
-        name = fields["name"]
+        name, device, outputs = fields["name"], fields["device"], fields["boundary"].outputs
         try:
             executor = Placement(meta["executor"])
             threads = int(meta["threads"])
+            fusions = dict(meta["fusions"])
+            # A group timed faster in PyTorch never runs its session: none is built.
+            if executor != Placement.ORT:
+                sess, frozen = None, ()
+            elif frozen:
+                sess = self._frozen_session(model_bytes, bool(fusions), frozen, None, device, outputs, name, threads, tf32)
+            else:
+                sess = GroupSession(model_bytes, device, outputs, self.options, name, threads, tf32=tf32)
             compiled = CompiledGroup(
-                **fields, model_bytes=model_bytes, fusions=dict(meta["fusions"]), threads=threads,
+                **fields, model_bytes=model_bytes, fusions=fusions, threads=threads,
                 thread_times={int(k): v for k, v in meta["thread_times"].items()}, executor=executor,
                 executor_times=dict(meta["executor_times"]), run_failure=meta.get("run_failure"),
-                from_cache=True, session_key=key,
-                # A group timed faster in PyTorch never runs its session: none is built.
-                session=GroupSession(
-                    model_bytes, fields["device"], fields["boundary"].outputs, self.options, name, threads, tf32=tf32
-                ) if executor == Placement.ORT else None,
+                from_cache=True, session_key=key, session=sess, frozen=frozen,
+                freeze_sample=self.options.freeze == "auto", kept_inputs=kept,
             )
         except (KeyError, TypeError, ValueError, SessionCreationError) as e:
             logger.info("lort: %s: disk cache entry unusable (%s); translating", name, e)
@@ -183,12 +251,12 @@ class GroupCompiler:
         logger.debug("lort: %s: loaded from the disk cache", name)
         return compiled
 
-    def _save_onnx(self, compiled: CompiledGroup) -> None:
+    def _save_onnx(self, name: str, model_bytes: bytes) -> None:
         if self.options.save_onnx:
             os.makedirs(self.options.save_onnx, exist_ok=True)
-            path = os.path.join(self.options.save_onnx, f"{compiled.name}.onnx")
+            path = os.path.join(self.options.save_onnx, f"{name}.onnx")
             with open(path, "wb") as f:
-                f.write(compiled.model_bytes)
+                f.write(model_bytes)
             logger.info("lort: wrote %s", path)
 
 

@@ -34,6 +34,10 @@ class GroupInfo:
     #: failed to run it) and those timings in seconds.
     executor: Placement = Placement.ORT
     executor_times: dict = dataclasses.field(default_factory=dict)
+    #: Weights frozen into the group's sessions as ORT initializers (Options.freeze),
+    #: and the weights that stayed inputs, counted by why.
+    frozen: int = 0
+    kept_inputs: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -109,6 +113,8 @@ class GraphRecord:
                 fusions=dict(mod.fusions),
                 executor=mod.executor,
                 executor_times=dict(mod.executor_times),
+                frozen=mod.frozen_count,
+                kept_inputs=dict(mod.compiled.kept_inputs),
             )
             self.groups.append(info)
             if info.executor == Placement.PYTORCH:
@@ -221,14 +227,18 @@ class ExplainReport:
                 line += f"  runs through {where} (timed {t['ort'] * 1e3:.3f} ms lort, {t['pytorch'] * 1e3:.3f} ms eager)"
             lines.append(line)
         if self.groups:
-            lines += ["", f"{'group':<28} {'nodes':>6} {'inputs':>7} {'outputs':>8} {'threads':>8}  ORT fusions"]
+            lines += [
+                "", f"{'group':<28} {'nodes':>6} {'inputs':>7} {'frozen':>7} {'outputs':>8} {'threads':>8}  ORT fusions"
+            ]
             for g in self.groups:
                 times = ", ".join(f"{k}: {v * 1e6:.0f}us" for k, v in g.thread_times.items() if v is not None)
                 threads = f"{g.threads}" + (f" ({times})" if times else "")
                 fusions = ", ".join(f"{k} x{v}" for k, v in g.fusions.items()) or "-"
                 where = "" if g.executor == Placement.ORT else "  [runs in PyTorch]"
+                kept = "; ".join(f"{c} weight(s) kept as inputs: {why}" for why, c in g.kept_inputs.items())
                 lines.append(
-                    f"{g.name:<28} {g.num_nodes:>6} {g.num_inputs:>7} {g.num_outputs:>8} {threads:>8}  {fusions}{where}"
+                    f"{g.name:<28} {g.num_nodes:>6} {g.num_inputs:>7} {g.frozen:>7} {g.num_outputs:>8} {threads:>8}  "
+                    f"{fusions}{where}" + (f"  [{kept}]" if kept else "")
                 )
         # A graph that runs whole in eager PyTorch has one reason for all its nodes: one line.
         eager_graphs = [r for r in self.records if r.executor == Placement.PYTORCH]

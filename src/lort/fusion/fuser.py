@@ -97,10 +97,13 @@ class Fuser:
         graph: torch.fx.Graph,
         is_supported: Callable[[torch.fx.Node], bool],
         max_args: int = 128,
+        free_inputs: set | frozenset = frozenset(),
     ):
         self.nodes = list(graph.nodes)
         self.deps = DepGraph(self.nodes)
         self.max_args = max_args
+        #: Inputs that do not count towards max_args (weights frozen into the session).
+        self.free_inputs = free_inputs
         self.unit: dict[torch.fx.Node, _Unit] = {}
         self.slots: list[_Unit | None] = []
         for i, n in enumerate(self.nodes):
@@ -116,7 +119,7 @@ class Fuser:
         # A unit over the argument limit on its own (a node with many inputs, a
         # multi-output node with its items) stays in PyTorch.
         for u in self.slots:
-            if u is not None and u.fusible and len(u.inputs) + len(u.outputs) > max_args:
+            if u is not None and u.fusible and len(u.inputs - free_inputs) + len(u.outputs) > max_args:
                 u.fusible = False
 
     @property
@@ -159,7 +162,7 @@ class Fuser:
             return False
         a, b = (x, y) if x.pos < y.pos else (y, x)
         inputs, outputs = self._boundary_of(a, b)
-        if check_args and len(inputs) + len(outputs) > self.max_args:
+        if check_args and len(inputs - self.free_inputs) + len(outputs) > self.max_args:
             return False
         moved = self._reached_between(a, b)
         if moved is None:
@@ -221,9 +224,11 @@ def find_groups(
     is_supported: Callable[[torch.fx.Node], bool],
     max_args: int = 128,
     prefix: str = "ort_group",
+    free_inputs: set | frozenset = frozenset(),
 ) -> list[FusionGroup]:
-    """Partition ``graph``'s supported nodes into fusion groups (the graph is not changed)."""
-    fuser = Fuser(graph, is_supported, max_args)
+    """Partition ``graph``'s supported nodes into fusion groups (the graph is not changed).
+    ``free_inputs`` do not count towards ``max_args``."""
+    fuser = Fuser(graph, is_supported, max_args, free_inputs)
     index = fuser.deps.index
     groups = []
     for members in fuser.run():

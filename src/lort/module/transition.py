@@ -92,8 +92,8 @@ class _ModuleBackend(LortBackend):
         super().__init__(options)
         self._save = save
 
-    def compile_graph(self, gm, example_inputs, kind, captured_s=None):
-        fn, record = super().compile_graph(gm, example_inputs, kind, captured_s)
+    def compile_graph(self, gm, example_inputs, kind, captured_s=None, weights=None):
+        fn, record = super().compile_graph(gm, example_inputs, kind, captured_s, weights)
         if self._save is not None:
             directory, stem = self._save
             os.makedirs(directory, exist_ok=True)

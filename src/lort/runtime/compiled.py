@@ -15,6 +15,7 @@ import torch
 import torch.fx
 
 from ..reasons import Placement
+from .frozen import FrozenWeight
 from .session import GroupSession, OutputSpec
 
 
@@ -65,6 +66,13 @@ class CompiledGroup:
     #: The session built at compile time for the graph's own spec, and that spec (or None).
     session: GroupSession | None = dataclasses.field(default=None, compare=False)
     session_key: tuple | None = None
+    #: Inputs frozen into ``session`` as ORT initializers (an inference graph's weights);
+    #: ``model_bytes`` then has them as inputs (what runs if they are unfrozen).
+    frozen: tuple[FrozenWeight, ...] = ()
+    #: Whether the run-time check also compares a sampled element (freeze="auto").
+    freeze_sample: bool = True
+    #: Weights of the group that stayed inputs, by why.
+    kept_inputs: dict = dataclasses.field(default_factory=dict)
 
 
 def spec_key(args, dynamic: bool, cuda: bool, tf32: bool = False) -> tuple:

@@ -14,6 +14,7 @@ from ..options import Options
 from ..reasons import Placement, Reason, ReasonKind
 from . import cuda
 from .compiled import CompiledGroup, spec_key
+from .frozen import WeightGuard
 from .session import GroupSession
 
 logger = logging.getLogger("lort")
@@ -60,6 +61,24 @@ class OrtGroup(torch.nn.Module):
         self.on_change: Callable[[OrtGroup], None] | None = None
         #: Called with the Reason when ORT fails to run the group (the graph's record), or None.
         self.on_run_failure: Callable[[Reason], None] | None = None
+        # Frozen weights: a guard checked on every call, the sessions that hold them (by
+        # TF32 setting) and the function that builds one for the current weights (the
+        # compile stage's; None or a None result: the weights are unfrozen).
+        self._guard = WeightGuard(compiled.frozen, compiled.freeze_sample) if compiled.frozen else None
+        self._frozen_idx = {w.index for w in compiled.frozen}
+        # The inputs a frozen session takes (the others are its initializers).
+        self._live = [i for i in range(len(b.in_perms)) if i not in self._frozen_idx]
+        self._frozen_sessions: dict[bool, GroupSession] = {}
+        if self._guard is not None and compiled.session is not None:
+            self._frozen_sessions[bool(self._cuda and cuda.tf32_enabled())] = compiled.session
+            self.sessions.clear()
+            self._static_sessions.clear()
+        #: (tensors, tf32) -> GroupSession with those weights frozen, or None.
+        self.refreeze: Callable[[list, bool], GroupSession | None] | None = None
+        #: How many times the weights were frozen again, and the call count since the last.
+        self.refreezes = 0
+        self._calls_since_freeze = 0
+        self._quick_changes = 0
 
     # The compile-time choices, for reports.
     threads = property(lambda self: self.compiled.threads)
@@ -69,9 +88,52 @@ class OrtGroup(torch.nn.Module):
     prepare_times = property(lambda self: self.compiled.prepare_times)
     where = property(lambda self: self.compiled.where)
 
+    @property
+    def frozen_count(self) -> int:
+        """How many weights the group's sessions hold as ORT initializers now."""
+        return len(self._frozen_idx) if self._guard is not None else 0
+
     def _drop_sessions(self) -> None:
         self.sessions.clear()
         self._static_sessions.clear()
+        self._frozen_sessions.clear()
+
+    # -- frozen weights ----------------------------------------------------------
+    def _frozen_session(self, args, tf32: bool) -> GroupSession | None:
+        """The session holding the current weights, freezing them again where they
+        changed; None once they are unfrozen (they then go to ORT as inputs)."""
+        guard = self._guard
+        changed = guard.changed(args)
+        self._calls_since_freeze += 1
+        sess = self._frozen_sessions.get(tf32)
+        if changed is None and sess is not None:
+            return sess
+        tensors = [args[i] for i in guard.indices]
+        if changed is not None:
+            # A weight that changes on the calls right after being frozen again changes
+            # on every call (a buffer the graph itself updates): it stays an input.
+            self._quick_changes = self._quick_changes + 1 if self._calls_since_freeze <= 1 else 0
+            if self._quick_changes >= 2:
+                self._unfreeze(f"{changed} changes on every call")
+                return None
+            self._frozen_sessions.clear()
+        new = self.refreeze(tensors, tf32) if self.refreeze is not None else None
+        if new is None:
+            self._unfreeze(f"{changed or 'a weight'} could not be frozen again")
+            return None
+        if changed is not None:
+            self.refreezes += 1
+            logger.info("lort: %s: %s changed since it was frozen; frozen again", self.name, changed)
+        guard.reset(tensors)
+        self._calls_since_freeze = 0
+        self._frozen_sessions[tf32] = new
+        return new
+
+    def _unfreeze(self, why: str) -> None:
+        logger.info("lort: %s: weights go to ORT as inputs from now on (%s)", self.name, why)
+        self._guard = None
+        self._frozen_idx = set()
+        self._frozen_sessions.clear()
 
     def _session(self, key: tuple, tf32: bool) -> GroupSession:
         sess = self.sessions.get(key)
@@ -92,12 +154,18 @@ class OrtGroup(torch.nn.Module):
         # A static graph is only ever called with its own spec (Dynamo guards shapes,
         # dtypes and devices), so its session is used without computing the spec.
         tf32 = self._cuda and cuda.tf32_enabled()
+        if self._guard is not None:
+            sess = self._frozen_session(args, tf32)
+            if sess is not None:
+                return self._restore_layouts(sess.run([args[i] for i in self._live]))
         sess = self._static_sessions.get(tf32)
         if sess is None:
             sess = self._session(spec_key(args, self._dynamic, self._cuda, tf32), tf32)
             if not self._dynamic:
                 self._static_sessions[tf32] = sess
-        outs = sess.run(args)
+        return self._restore_layouts(sess.run(args))
+
+    def _restore_layouts(self, outs: list[torch.Tensor]) -> list[torch.Tensor]:
         if self._any_out_perm:
             outs = [o if q is None else o.permute(q) for o, q in zip(outs, self._out_inverse)]
         if self._any_restride:
@@ -108,17 +176,14 @@ class OrtGroup(torch.nn.Module):
 
     def _run_ort_or_fall_back(self, args) -> list[torch.Tensor]:
         """ORT's outputs; where ORT fails at run time (a kernel that rejects what a
-        fusion rewrite built, say), the plain translation is tried if the fused model
-        failed, then the group runs in PyTorch from now on, with one warning naming its
-        ops and the error (SessionRunError with fallback="raise")."""
+        fusion rewrite built, say), the weights are unfrozen and the plain translation
+        is tried, then the group runs in PyTorch from now on, with one warning naming
+        its ops and the error (SessionRunError with fallback="raise")."""
         try:
             outs = self._run_ort(args)
         except Exception as e:  # noqa: BLE001 - any ORT run error: fall back, never a wrong result
             error = e
-            if self._plain_bytes is not None:
-                logger.info("lort: %s: the ORT-fused model failed to run (%s); using the plain one", self.name, e)
-                self.model_bytes, self._plain_bytes, self.fusions = self._plain_bytes, None, {}
-                self._drop_sessions()
+            while self._step_back(error):
                 try:
                     outs = self._run_ort(args)
                     self._changed()
@@ -128,6 +193,19 @@ class OrtGroup(torch.nn.Module):
             return self._fall_back_at_run(args, error)
         self._plain_bytes = None  # the fused model ran: nothing to fall back to
         return outs
+
+    def _step_back(self, error: Exception) -> bool:
+        """After ORT failed to run the group: unfreeze its weights, else switch from the
+        ORT-fused model to the plain one; False when nothing is left to try in ORT."""
+        if self._guard is not None:
+            self._unfreeze(f"ORT failed to run the model with frozen weights: {error}")
+            return True
+        if self._plain_bytes is not None:
+            logger.info("lort: %s: the ORT-fused model failed to run (%s); using the plain one", self.name, error)
+            self.model_bytes, self._plain_bytes, self.fusions = self._plain_bytes, None, {}
+            self._drop_sessions()
+            return True
+        return False
 
     def _fall_back_at_run(self, args, error: Exception) -> list[torch.Tensor]:
         ops = sorted({str(n.target) for n in self.gm.graph.nodes if n.op == "call_function"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import operator
 
+import onnx
 import onnx_ir as ir
 import torch
 import torch.fx
@@ -29,6 +30,10 @@ def group_to_onnx(gm: torch.fx.GraphModule, name: str) -> ir.Model:
 
 def serialize(model: ir.Model) -> bytes:
     return ir.serde.serialize_model(model).SerializeToString()
+
+
+def deserialize(model_bytes: bytes) -> ir.Model:
+    return ir.serde.deserialize_model(onnx.ModelProto.FromString(model_bytes))
 
 
 def fuse_for_ort(model: ir.Model) -> tuple[bytes | None, dict[str, int]]:
@@ -94,3 +99,18 @@ def single_node_graph(node: torch.fx.Node) -> torch.fx.GraphModule:
     else:
         g.output((copy,))
     return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+def freeze_inputs(model: ir.Model, arrays: dict[int, object]) -> ir.Model:
+    """A copy of ``model`` in which input ``i`` of each ``arrays`` entry is an
+    initializer holding that array (NumPy, kept by reference until serialized), so that
+    ORT can fold, fuse and pre-pack it. The other inputs keep their order."""
+    frozen = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    inputs = list(frozen.graph.inputs)
+    frozen.graph.inputs.clear()
+    frozen.graph.inputs.extend(v for i, v in enumerate(inputs) if i not in arrays)
+    for i, array in arrays.items():
+        value = inputs[i]
+        value.const_value = ir.Tensor(array, name=value.name)
+        frozen.graph.register_initializer(value)
+    return frozen

@@ -1,0 +1,106 @@
+"""Frozen weights at run time: the cheap check, on every call, that the parameters and
+buffers a session holds as ORT initializers are still what was frozen.
+
+A weight has changed when the tensor passed is another object, points at other memory
+(``p.data = t``), or has a newer version counter (every in-place op through the tensor
+or its views: ``p.mul_``, ``p.copy_``, optimizer steps, ``load_state_dict``, buffer
+updates). Writes through ``p.data`` or NumPy bump no version counter; with
+``sample=True`` (Options.freeze="auto") one element of each CPU tensor, its largest in
+magnitude when frozen, is compared too, which catches writes that change it (scaling,
+zeroing, copying other values in); a write that leaves that element as it was is not
+seen (use ``freeze=False`` for code that writes weights that way)."""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import numpy as np
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenWeight:
+    """A group input frozen into its sessions: its position among the group's inputs,
+    its readable name ("encoder.layer.0.weight") and the tensor."""
+
+    index: int
+    name: str
+    tensor: torch.Tensor
+
+
+class WeightGuard:
+    """Tells whether any frozen weight changed since ``reset``."""
+
+    def __init__(self, weights: tuple[FrozenWeight, ...], sample: bool):
+        self.weights = weights
+        self.indices = [w.index for w in weights]
+        # The frozen inputs out of a call's arguments, as a tuple (in C).
+        self._pick = operator.itemgetter(*self.indices) if len(self.indices) > 1 else (lambda a: (a[self.indices[0]],))
+        self.names = [w.name for w in weights]
+        self.sample = sample
+        self.reset([w.tensor for w in weights])
+
+    def reset(self, tensors: list[torch.Tensor]) -> None:
+        """Take ``tensors`` (one per frozen weight, in order) as the frozen state."""
+        self.tensors = list(tensors)
+        self.versions = [t._version for t in tensors]
+        self.ptrs = [t.data_ptr() for t in tensors]
+        self.samples = []  # (position in weights, numpy view, index, value)
+        self._views, self._where, self._values = [], [], []
+        if self.sample:
+            with unset_fake_temporarily():  # built while compiling, under FakeTensorMode
+                self._take_samples(tensors)
+
+    def _take_samples(self, tensors: list[torch.Tensor]) -> None:
+        for k, t in enumerate(tensors):
+            probe = _sample(t)
+            if probe is not None:
+                self.samples.append((k, *probe))
+        self._views = [view for _, view, _, _ in self.samples]
+        self._where = [index for _, _, index, _ in self.samples]
+        self._values = [value for _, _, _, value in self.samples]
+
+    def changed(self, args) -> str | None:
+        """The name of the first frozen weight that changed (``args``: the group's
+        inputs), or None."""
+        # The common case, nothing changed, is decided by C-level maps (about 0.1 us a
+        # weight); only a change walks the weights in Python to name it.
+        picked = self._pick(args)
+        if (
+            all(map(operator.is_, picked, self.tensors))
+            and list(map(_VERSION, picked)) == self.versions
+            and list(map(_DATA_PTR, picked)) == self.ptrs
+            and list(map(operator.getitem, self._views, self._where)) == self._values
+        ):
+            return None
+        for k, a in enumerate(picked):
+            if a is not self.tensors[k] or a._version != self.versions[k] or a.data_ptr() != self.ptrs[k]:
+                return self.names[k]
+        for k, view, index, value in self.samples:
+            if view[index] != value:
+                return self.names[k]
+        return None
+
+
+_VERSION = operator.attrgetter("_version")
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+def _sample(t: torch.Tensor):
+    """(NumPy view over ``t``'s memory, index, value) of its largest element in
+    magnitude, or None for a tensor that cannot be read cheaply (CUDA, empty, bfloat16)."""
+    if t.device.type != "cpu" or t.numel() == 0 or t.dtype == torch.bfloat16 or t.layout != torch.strided:
+        return None
+    view = t.detach().numpy()
+    if view.dtype == np.bool_:
+        flat = 0
+    else:
+        magnitude = np.abs(view)
+        finite = np.isfinite(magnitude)
+        if not finite.any():
+            return None
+        flat = int(np.argmax(np.where(finite, magnitude, -1)))
+    index = np.unravel_index(flat, view.shape)
+    return view, index, view[index].copy()

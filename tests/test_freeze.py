@@ -1,0 +1,246 @@
+"""Frozen weights (Options.freeze): an inference graph's parameters and buffers become
+ORT initializers, and every route by which a weight can change after compiling is seen
+on the next call, against eager PyTorch on the same inputs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import lort
+from lort.backend import LortBackend
+
+OPTS = {"executor": "ort", "disk_cache": False, "progress": False}
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8 * 6 * 6, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def _compiled(model, **options):
+    backend = LortBackend({**OPTS, **options})
+    return torch.compile(model, backend=backend), backend
+
+
+def _groups(backend):
+    return [m for r in backend.records for m in r.group_modules.values()]
+
+
+def _check(cm, model, x):
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def net():
+    torch.manual_seed(0)
+    model = Net().eval()
+    with torch.no_grad():  # running stats that are not the defaults
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 1.5)
+    return model, torch.randn(2, 3, 8, 8)
+
+
+def test_inference_weights_become_initializers(net):
+    model, x = net
+    cm, backend = _compiled(model)
+    _check(cm, model, x)
+    report = lort.ExplainReport(backend.records)
+    (group,) = report.groups
+    assert group.frozen == 8  # conv (2), bn (weight, bias and the two running stats), fc (2)
+    assert group.num_inputs - group.frozen == 1  # the activation alone goes to ORT
+    assert "frozen" in str(report)
+
+
+def test_lort_keeps_no_copy_of_the_frozen_model():
+    """The model bytes lort keeps take the weights as inputs (a model with the weights
+    in it goes to ORT once, to build the session, and is not kept)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512)).eval()
+    x = torch.randn(2, 512)
+    cm, backend = _compiled(model)
+    _check(cm, model, x)
+    (mod,) = _groups(backend)
+    assert mod.frozen_count == 4
+    weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert len(mod.model_bytes) < weight_bytes / 100
+
+
+def test_freeze_false_keeps_weights_as_inputs(net):
+    model, x = net
+    cm, backend = _compiled(model, freeze=False)
+    _check(cm, model, x)
+    (group,) = lort.ExplainReport(backend.records).groups
+    assert group.frozen == 0
+
+
+def _in_place(model):
+    with torch.no_grad():
+        model.conv.weight.mul_(1.5)
+
+
+def _plus_equals(model):
+    with torch.no_grad():
+        model.fc.bias += 0.25
+
+
+def _copy(model):
+    with torch.no_grad():
+        model.conv.bias.copy_(torch.randn(8))
+
+
+def _load_state_dict(model):
+    model.load_state_dict({k: v * 1.1 if v.is_floating_point() else v for k, v in model.state_dict().items()})
+
+
+def _buffer_update(model):
+    model.bn.running_mean.add_(0.3)
+
+
+def _new_parameter(model):
+    model.fc.weight = torch.nn.Parameter(torch.randn_like(model.fc.weight))
+
+
+def _set_data(model):
+    model.fc.weight.data = torch.randn_like(model.fc.weight)
+
+
+def _data_write(model):
+    model.conv.weight.data.mul_(0.5)
+
+
+def _numpy_write(model):
+    model.fc.weight.detach().numpy()[:] *= 2.0
+
+
+ROUTES = [_in_place, _plus_equals, _copy, _load_state_dict, _buffer_update, _new_parameter, _set_data,
+          _data_write, _numpy_write]
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=lambda f: f.__name__.strip("_"))
+def test_a_weight_change_is_seen_on_the_next_call(net, route):
+    model, x = net
+    cm, backend = _compiled(model)
+    _check(cm, model, x)
+    route(model)
+    _check(cm, model, x)
+    _check(cm, model, x)  # and again, from the session frozen with the new values
+    mods = _groups(backend)
+    assert sum(m.frozen_count for m in mods) > 0  # still frozen, with the new weights
+
+
+def test_writes_behind_the_version_counter_need_freeze_auto(net):
+    """freeze=True checks identity, data pointer and version only: a write through
+    ``.data`` is documented as unseen there; "auto" (the default) sees it."""
+    model, x = net
+    cm, backend = _compiled(model, freeze=True)
+    _check(cm, model, x)
+    _in_place(model)  # bumps the version counter: seen by freeze=True too
+    _check(cm, model, x)
+    assert lort.Options().freeze == "auto"
+
+
+def test_an_optimizer_step_between_eval_calls(net):
+    model, x = net
+    ref = copy.deepcopy(model)
+    cm, backend = _compiled(model)
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    for step in range(3):
+        for m, o in ((model, opt), (ref, ref_opt)):
+            m.train()
+            o.zero_grad()
+            m(x).pow(2).mean().backward()  # eager training steps
+            o.step()
+            m.eval()
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_module_moved_to_another_dtype(net):
+    model, x = net
+    cm, backend = _compiled(model)
+    _check(cm, model, x)
+    model.double()
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x.double()), model(x.double()), rtol=1e-9, atol=1e-9)
+
+
+def test_a_buffer_the_graph_updates_stays_correct_and_is_unfrozen(net):
+    """Batch norm in training mode under no_grad updates its running stats on every
+    call: results follow eager's, and after two quick changes the weights go to ORT as
+    inputs instead of being frozen again on every call."""
+    model, x = net
+    model.train()
+    ref = copy.deepcopy(model)
+    cm, backend = _compiled(model)
+    for _ in range(4):
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x), ref(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean, rtol=1e-5, atol=1e-6)
+    assert all(m.frozen_count == 0 for m in _groups(backend))
+
+
+def test_frozen_weights_do_not_count_towards_max_group_args():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(6)]).eval()
+    x = torch.randn(4, 16)
+    counts = {}
+    for freeze in ("auto", False):
+        torch._dynamo.reset()
+        cm, backend = _compiled(model, freeze=freeze, max_group_args=6)
+        _check(cm, model, x)
+        counts[freeze] = len(lort.ExplainReport(backend.records).groups)
+    assert counts["auto"] == 1 and counts[False] > 1, counts
+
+
+def test_ortmodule_in_eval_mode_freezes(net):
+    model, x = net
+    om = lort.ORTModule(model, options=OPTS)
+    om.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(om(x), model(x), rtol=1e-5, atol=1e-5)
+        _in_place(model)
+        torch.testing.assert_close(om(x), model(x), rtol=1e-5, atol=1e-5)
+    groups = lort.ExplainReport(om.transition_manager.records).groups
+    assert groups and all(g.frozen > 0 for g in groups)
+
+
+def test_training_graphs_are_not_frozen(net):
+    model, x = net
+    model.train()
+    cm, backend = _compiled(model)
+    cm(x).sum().backward()
+    assert all(g.frozen == 0 for g in lort.ExplainReport(backend.records).groups)
+
+
+def test_bad_freeze_value_is_a_clear_error(monkeypatch):
+    with pytest.raises(ValueError, match="freeze='yes'"):
+        lort.Options(freeze="yes")
+    monkeypatch.setenv("LORT_FREEZE", "0")
+    assert lort.Options().freeze is False
+    monkeypatch.setenv("LORT_FREEZE", "auto")
+    assert lort.Options().freeze == "auto"
+
+
+def test_a_warm_compile_freezes_the_current_weights(net, tmp_path):
+    """The disk cache keeps a frozen group's plain model and choices, not its weights:
+    a warm compile after the weights changed freezes the new ones."""
+    model, x = net
+    opts = {"disk_cache": True, "cache_dir": str(tmp_path)}
+    cm, cold = _compiled(model, **opts)
+    _check(cm, model, x)
+    _in_place(model)
+    torch._dynamo.reset()
+    cm, warm = _compiled(model, **opts)
+    _check(cm, model, x)
+    mods = _groups(warm)
+    assert mods and all(m.from_cache and m.frozen_count > 0 for m in mods)
