@@ -89,7 +89,10 @@ def make_session(model_bytes: bytes, device: str = "cpu") -> ort.InferenceSessio
     if torch.device(device).type == "cuda":
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
-        providers = [("CUDAExecutionProvider", {"device_id": index})]
+        # TF32 as PyTorch's flags say, as lort decides it (lort/runtime/cuda.py: tf32_enabled).
+        matmul = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+        tf32 = "1" if matmul and torch.backends.cudnn.allow_tf32 else "0"
+        providers = [("CUDAExecutionProvider", {"device_id": str(index), "use_tf32": tf32})]
     else:
         providers = ["CPUExecutionProvider"]
     return ort.InferenceSession(model_bytes, sess_options=so, providers=providers)
@@ -155,10 +158,11 @@ def whole_ort_step(model: torch.nn.Module, args: tuple, device: str = "cpu") -> 
 
 WHOLE_TEXT = [
     "Whole ORT: the same model exported whole (torch.onnx.export(dynamo=True), weights as initializers)",
-    "and run in one ORT session at ORT_ENABLE_ALL through an IOBinding over the inputs' memory",
-    "(benchmarks/whole_ort.py), timed in the same round-robin, inference only; checked against eager",
-    "before timing. lort vs whole ORT = whole ORT time / lort time; \"export fails\" (or \"wrong output\")",
-    "where it could not run, with the reason under the table.",
+    "and run in one ORT session at ORT_ENABLE_ALL with lort's thread settings (torch's thread count, no",
+    "spinning), through an IOBinding over the inputs' memory as lort binds them, outputs allocated by torch",
+    "each call (benchmarks/whole_ort.py); inference only, timed in the same round-robin, checked against",
+    "eager before timing. lort vs whole ORT = whole ORT time / lort time; \"export fails\" (or \"wrong",
+    "output\") where it could not run, with the reason under the table.",
 ]
 
 
