@@ -3,7 +3,9 @@
 For each model: batch-1 inference latency, batch-8 inference latency and a training
 step (forward + backward), the median of repeated timings, and the first call (capture
 + compile). Prints a ratio table (speed-up over eager: eager time / time) and writes it
-with the machine and versions to benchmarks/results.md.
+with the machine and versions to benchmarks/results.md. Inference rows also time the
+same model exported whole to ORT (benchmarks/whole_ort.py: weights as initializers, one
+session at ORT_ENABLE_ALL), with lort's speed-up over it, or why it could not run.
 
     python benchmarks/run.py [--models bert,resnet18] [--scenarios infer1,infer8,train] [--out FILE]
 
@@ -44,6 +46,7 @@ import lort  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cuda_common  # noqa: E402
+from whole_ort import WHOLE, WHOLE_TEXT, whole_cells, whole_notes, whole_ort_step, whole_summary  # noqa: E402
 
 SCENARIOS = {"infer1": ("inference", 1), "infer8": ("inference", 8), "train": ("train", 8)}
 CUDA_SCENARIOS = {"infer1": ("inference", 1), "infer32": ("inference", 32), "train32": ("train", 32)}
@@ -94,7 +97,8 @@ def timed_interleaved(fns: dict, min_time=1.0, repeats=11, settle_s=0.0, sync=_n
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def make_runner(name, scenario, backend, device="cpu"):
+def model_and_args(name, scenario, device="cpu"):
+    """(kind, model, args): a fresh copy of the case's model on ``device``, in eval mode for inference."""
     kind, batch = scenarios_for(device)[scenario]
     model, args = cases_for(device)[name].make(batch, seed=0)
     model = copy.deepcopy(model)
@@ -103,6 +107,30 @@ def make_runner(name, scenario, backend, device="cpu"):
         args = tuple(a.to(device) for a in args)
     if kind == "inference":
         model.eval()
+    return kind, model, args
+
+
+def add_whole(name, scenario, steps, device="cpu", sync=_no_sync):
+    """For an inference scenario, add the step of the model exported whole to ORT to
+    ``steps`` and return None, or return why it cannot run ("export fails: ...");
+    for training, return "-" (not measured)."""
+    if scenarios_for(device)[scenario][0] != "inference":
+        return "-"
+    try:
+        _, model, args = model_and_args(name, scenario, device)
+        step = whole_ort_step(model, args, device)
+    except Exception as e:  # noqa: BLE001 - e.g. out of memory: reported in the table
+        step = f"fails: {type(e).__name__}: {str(e).strip()[:200]}"
+    if isinstance(step, str):
+        print(f"{name} {scenario} whole-model ORT: {step}", flush=True)
+        return step
+    sync()
+    steps[WHOLE] = step
+    return None
+
+
+def make_runner(name, scenario, backend, device="cpu"):
+    kind, model, args = model_and_args(name, scenario, device)
     if backend == "eager":
         fn = model
     elif backend == "inductor":
@@ -141,8 +169,10 @@ def run(models, scenarios, min_time):
                 step()
                 firsts[backend] = time.perf_counter() - t0
                 steps[backend] = step
-            times = timed_interleaved(steps, min_time * len(BACKENDS))
-            row = dict(model=name, scenario=scenario, times=times, firsts=firsts, where=where_lort_ran(steps["lort"]))
+            whole = add_whole(name, scenario, steps)
+            times = timed_interleaved(steps, min_time * len(steps))
+            row = dict(model=name, scenario=scenario, times=times, firsts=firsts, where=where_lort_ran(steps["lort"]),
+                       whole=whole)
             rows.append(row)
             print(format_row(row), flush=True)
     return rows
@@ -171,6 +201,7 @@ def run_cuda(models, scenarios, min_time, on_row, profile=False):
                 except Exception as e:  # noqa: BLE001 - reported in the table
                     errors[backend] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
                     print(f"{name} {scenario} {backend} failed: {errors[backend]}", flush=True)
+            whole = add_whole(name, scenario, steps, "cuda", sync)
             try:
                 times = timed_interleaved(steps, min_time * len(steps), sync=sync) if steps else {}
             except Exception as e:  # noqa: BLE001 - reported in the table
@@ -179,7 +210,7 @@ def run_cuda(models, scenarios, min_time, on_row, profile=False):
             row = dict(
                 model=name, scenario=scenario, times=times, firsts=firsts, errors=errors,
                 where=where_lort_ran(steps["lort"]) if "lort" in steps else "failed",
-                peak_mib=torch.cuda.max_memory_reserved() / 2**20,
+                peak_mib=torch.cuda.max_memory_reserved() / 2**20, whole=whole,
             )
             if profile:
                 row["profile"] = {b: cuda_common.kernel_profile(step) for b, step in steps.items()}
@@ -206,23 +237,27 @@ def where_lort_ran(step) -> str:
     return where if not eager else f"{where}; {eager}/{len(records)} graphs eager"
 
 
+def complete(row) -> bool:
+    return all(b in row["times"] for b in BACKENDS)
+
+
 def format_row(row):
     t = row["times"]
-    if set(t) != set(BACKENDS):
+    if not complete(row):
         ms = " | ".join(f"{t[b] * 1e3:9.3f}" if b in t else "failed" for b in BACKENDS)
         firsts = " | ".join(f"{row['firsts'][b]:7.1f}" if b in row["firsts"] else "-" for b in ("inductor", "lort"))
         why = "; ".join(f"{b}: {e}" for b, e in row.get("errors", {}).items())
-        return f"| {row['model']:<12} | {row['scenario']:<7} | {ms} | - | - | {firsts} | {row['where']} ({why}) |"
+        return f"| {row['model']:<12} | {row['scenario']:<7} | {ms} | - | - | {firsts} | {row['where']} ({why}) | {whole_cells(row)} |"
     return (
         f"| {row['model']:<12} | {row['scenario']:<7} | {t['eager'] * 1e3:9.3f} | {t['inductor'] * 1e3:9.3f} | "
         f"{t['lort'] * 1e3:9.3f} | {t['eager'] / t['lort']:6.2f}x | {t['inductor'] / t['lort']:6.2f}x | "
-        f"{row['firsts']['inductor']:7.1f} | {row['firsts']['lort']:7.1f} | {row['where']} |"
+        f"{row['firsts']['inductor']:7.1f} | {row['firsts']['lort']:7.1f} | {row['where']} | {whole_cells(row)} |"
     )
 
 
 HEADER = (
-    "| model        | run     |  eager ms | inductor ms |  lort ms | lort vs eager | lort vs inductor | inductor 1st call s | lort 1st call s | lort ran in |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
+    "| model        | run     |  eager ms | inductor ms |  lort ms | lort vs eager | lort vs inductor | inductor 1st call s | lort 1st call s | lort ran in | whole ORT ms | lort vs whole ORT |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"
 )
 
 
@@ -255,10 +290,12 @@ def cuda_report(rows: list, runs: int) -> str:
         "(executor='auto'). First call: capture + compile + first run, in seconds, in this process.",
         "Models: lort.testing.models.CUDA_CASES (random weights; BERT and GPT-2 6 layers of 768, Llama-style",
         "4 layers of 1024 with 16 heads and 4 key/value heads, 128 tokens; ResNet-50 and ViT-S/16 at 224 px).",
+        *WHOLE_TEXT,
         "",
         HEADER,
         *[format_row(r) for r in rows],
         "",
+        *whole_notes(rows),
     ]
     if any("profile" in r for r in rows):
         lines += [
@@ -266,10 +303,10 @@ def cuda_report(rows: list, runs: int) -> str:
             "kernels too), of it memory copies and fills, and the longest kernels; time is the step's time above.",
             "GPU work well below the time means the step waits on the host (launches, Python, synchronization).",
             "",
-            *cuda_common.profile_table(rows, BACKENDS),
+            *cuda_common.profile_table(rows, BACKENDS + [WHOLE]),
             "",
         ]
-    done = [r for r in rows if set(r["times"]) == set(BACKENDS)]
+    done = [r for r in rows if complete(r)]
     for s in CUDA_SCENARIOS:
         sel = [r for r in done if r["scenario"] == s]
         if sel:
@@ -277,6 +314,7 @@ def cuda_report(rows: list, runs: int) -> str:
             gi = geomean([r["times"]["inductor"] / r["times"]["lort"] for r in sel])
             lines.append(
                 f"- {s}: geomean lort speed-up {ge:.2f}x over eager, {gi:.2f}x over inductor ({len(sel)} models)"
+                f"{whole_summary(sel)}"
             )
     failed = [f"{r['model']} {r['scenario']}" for r in rows if r not in done]
     if failed:
@@ -367,17 +405,19 @@ def main(argv=None):
         "First call: capture + compile + first run, in seconds, in this process, each backend with its on-disk",
         "cache as this machine had it (inductor's is often warm from earlier runs); benchmarks/first_call.py",
         "compares cold and warm first calls in fresh processes.",
+        *WHOLE_TEXT,
         "",
         HEADER,
         *[format_row(r) for r in rows],
         "",
+        *whole_notes(rows),
     ]
     for s in scenarios:
         sel = [r for r in rows if r["scenario"] == s]
         if sel:
             ge = geomean([r["times"]["eager"] / r["times"]["lort"] for r in sel])
             gi = geomean([r["times"]["inductor"] / r["times"]["lort"] for r in sel])
-            lines.append(f"- {s}: geomean lort speed-up {ge:.2f}x over eager, {gi:.2f}x over inductor")
+            lines.append(f"- {s}: geomean lort speed-up {ge:.2f}x over eager, {gi:.2f}x over inductor{whole_summary(sel)}")
     text = "\n".join(lines) + "\n"
     with open(a.out, "w") as f:
         f.write(text)
