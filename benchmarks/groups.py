@@ -1,9 +1,10 @@
-"""Per model: how lort partitions it (graphs, ORT groups, ATen nodes in ORT) and which of
-onnxscript's ORT fusion rewrites fired, for inference (batch 1) and a training step
-(batch 8). Compiles only (executor="ort", so every group is translated and counted);
-writes benchmarks/groups.md.
+"""Per model: how lort partitions it (graphs, ORT groups, ATen nodes in ORT), the weights
+frozen into inference sessions, the largest group's inputs, and which of onnxscript's
+ORT fusion rewrites fired, for inference (batch 1) and a training step (batch 8).
+Compiles only (executor="ort", so every group is translated and counted); writes
+benchmarks/groups.md.
 
-    python benchmarks/groups.py [--models bert,gpt2] [--out FILE]
+    python benchmarks/groups.py [--models bert,gpt2] [--max-group-args N] [--out FILE]
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ make_torchvision_importable()
 import lort  # noqa: E402
 
 
-def partition(name: str, train: bool) -> dict:
+def partition(name: str, train: bool, max_group_args: int = 128) -> dict:
     torch._dynamo.reset()
     model, args = CASES[name].make(8 if train else 1, seed=0)
     model = copy.deepcopy(model)
-    backend = lort.LortBackend({"executor": "ort", "disk_cache": False})
+    backend = lort.LortBackend({"executor": "ort", "disk_cache": False, "max_group_args": max_group_args})
     cm = torch.compile(model, backend=backend)
     if train:
         output_tensor(cm(*args)).float().pow(2).mean().backward()
@@ -47,6 +48,9 @@ def partition(name: str, train: bool) -> dict:
         "total": report.ort_nodes + report.torch_nodes,
         "fusions": ", ".join(f"{k} x{v}" for k, v in sorted(fusions.items())) or "-",
         "left": ", ".join(f"{op.replace('aten.', '')} x{c}" for op, c in left.most_common(3)) or "-",
+        "frozen": sum(g.frozen for g in report.groups),
+        "kept": sum(sum(g.kept_inputs.values()) for g in report.groups),
+        "widest": max((g.num_inputs - g.frozen + g.num_outputs for g in report.groups), default=0),
     }
 
 
@@ -54,24 +58,30 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(CASES))
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "groups.md"))
+    ap.add_argument("--max-group-args", type=int, default=128)
     a = ap.parse_args(argv)
     lines = [
         "# How lort partitions each model",
         "",
         "Taken by `python benchmarks/groups.py`: graphs captured, ORT groups, ATen nodes in ORT,",
         "onnxscript ORT fusion rewrites that fired (summed over groups; ORT's own optimizer then",
-        "runs at level 'all'), and the most frequent ops left to PyTorch. executor='ort'.",
+        "runs at level 'all'), and the most frequent ops left to PyTorch. executor='ort',",
+        f"max_group_args={a.max_group_args}. *Weights frozen*: parameters and buffers that inference",
+        "sessions hold as ORT initializers (kept: those that stayed inputs). *Widest group*: the most",
+        "session inputs plus outputs of one group, what max_group_args limits (frozen weights do not count).",
         "",
-        "| model | run | graphs | ORT groups | ATen nodes in ORT | ORT fusions fired | left to PyTorch |",
-        "|---|---|---:|---:|---:|---|---|",
+        "| model | run | graphs | ORT groups | ATen nodes in ORT | weights frozen (kept) | widest group "
+        "| ORT fusions fired | left to PyTorch |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     print("\n".join(lines[-2:]), flush=True)
     for name in a.models.split(","):
         for run, train in (("infer1", False), ("train", True)):
-            p = partition(name, train)
+            p = partition(name, train, a.max_group_args)
             line = (
                 f"| {name} | {run} | {p['graphs']} | {p['groups']} | {p['ort']}/{p['total']} "
-                f"({100 * p['ort'] / max(p['total'], 1):.1f}%) | {p['fusions']} | {p['left']} |"
+                f"({100 * p['ort'] / max(p['total'], 1):.1f}%) | {p['frozen']} ({p['kept']}) | {p['widest']} "
+                f"| {p['fusions']} | {p['left']} |"
             )
             lines.append(line)
             print(line, flush=True)

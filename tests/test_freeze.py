@@ -244,3 +244,15 @@ def test_a_warm_compile_freezes_the_current_weights(net, tmp_path):
     _check(cm, model, x)
     mods = _groups(warm)
     assert mods and all(m.from_cache and m.frozen_count > 0 for m in mods)
+
+
+def test_inference_mode_freezes_and_sees_changes(net):
+    model, x = net
+    cm, backend = _compiled(model)
+    with torch.inference_mode():
+        torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+        _in_place(model)
+        torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+        _data_write(model)
+        torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+    assert sum(m.frozen_count for m in _groups(backend)) > 0
