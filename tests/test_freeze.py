@@ -256,3 +256,25 @@ def test_inference_mode_freezes_and_sees_changes(net):
         _data_write(model)
         torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
     assert sum(m.frozen_count for m in _groups(backend)) > 0
+
+
+def test_timing_on_the_first_call_does_not_freeze_again(net):
+    """executor="auto" times the whole graph on clones of its inputs (the buffers among
+    them): those runs use the frozen session as it is. Only one session lives per group."""
+    from lort.compile.tuner import Tuner
+
+    class LortWins(Tuner):  # the real timing runs; lort's graph is kept whatever it measured
+        def time_graph(self, candidates, example_inputs):
+            assert super().time_graph(candidates, example_inputs) is not None
+            return {"ort": 0.5, "pytorch": 1.0}
+
+    model, x = net
+    backend = LortBackend({**OPTS, "executor": "auto"}, tuner=LortWins())
+    cm = torch.compile(model, backend=backend)
+    for _ in range(3):
+        _check(cm, model, x)
+    assert _groups(backend)
+    for mod in _groups(backend):
+        assert mod.refreezes == 0
+        assert mod.compiled.session is None  # the group does not keep the compile-time session
+        assert len(mod._frozen_sessions) + len(mod.sessions) <= 1

@@ -52,16 +52,21 @@ def frozen_model(model: ir.Model, frozen: tuple[FrozenWeight, ...], tensors: lis
 
 
 def candidates(model: ir.Model, frozen: tuple[FrozenWeight, ...], options: Options,
-               tensors: list[torch.Tensor] | None = None) -> list[tuple[bytes, dict]]:
-    """(model bytes, ORT fusions that fired) to try in order: ORT-fused first (with
-    ``options.ort_fusions``), then plain, with the weights frozen."""
-    source = frozen_model(model, frozen, tensors)
-    out = [(onnx_export.serialize(source), {})]
-    if options.ort_fusions:
-        fused, fusions = onnx_export.fuse_for_ort(source)
-        if fused is not None:
-            out.insert(0, (fused, fusions))
-    return out
+               tensors: list[torch.Tensor] | None = None) -> list:
+    """Functions giving (model bytes, ORT fusions that fired), or None where the
+    rewrite fails, to try in order: ORT-fused first (with ``options.ort_fusions``),
+    then plain, with the weights frozen. Each is built only when tried, from arrays
+    over the weights' own memory, so that one serialized copy of the weights exists at
+    a time."""
+
+    def fused():
+        fused_bytes, fusions = onnx_export.fuse_for_ort(frozen_model(model, frozen, tensors), in_place=True)
+        return None if fused_bytes is None else (fused_bytes, fusions)
+
+    def plain():
+        return onnx_export.serialize(frozen_model(model, frozen, tensors)), {}
+
+    return [fused, plain] if options.ort_fusions else [plain]
 
 
 def _array(t: torch.Tensor):

@@ -95,19 +95,20 @@ class GroupCompiler:
         with _timed(times, "translate"):
             model = onnx_export.group_to_onnx(phys_gm, name)
             plain = onnx_export.serialize(model)
-            if frozen:
-                candidates = freezing.candidates(model, frozen, self.options)
-            else:
-                candidates = [(plain, {})]
-                if self.options.ort_fusions:
-                    fused, fusions = onnx_export.fuse_for_ort(model)
-                    if fused is not None:
-                        candidates.insert(0, (fused, fusions))
+        if frozen:
+            candidates = freezing.candidates(model, frozen, self.options)
+        else:
+            candidates = ([lambda: _fused(model)] if self.options.ort_fusions else []) + [lambda: (plain, {})]
         feeds = synthetic_inputs(metas)
         # What the session takes: the frozen weights are its initializers.
         frozen_idx = {w.index for w in frozen}
         ort_feeds = None if feeds is None else [f for i, f in enumerate(feeds) if i not in frozen_idx]
-        for i, (model_bytes, fusions) in enumerate(candidates):
+        for i, make in enumerate(candidates):
+            with _timed(times, "translate"):
+                made = make()  # the ORT-fused model, or the plain one
+            if made is None:
+                continue
+            model_bytes, fusions = made
             try:
                 with _timed(times, "timing"):
                     threads, thread_times = self._choose_threads(model_bytes, device, ort_feeds, b.dynamic)
@@ -184,9 +185,12 @@ class GroupCompiler:
         (the plain frozen model where ORT refuses the fused one)."""
         options = self.options if fused else dataclasses.replace(self.options, ort_fusions=False)
         models = freezing.candidates(onnx_export.deserialize(plain_bytes), frozen, options, tensors)
-        for i, (model_bytes, _) in enumerate(models):
+        for i, make in enumerate(models):
+            made = make()
+            if made is None:
+                continue
             try:
-                return GroupSession(model_bytes, device, outputs, self.options, name, threads, tf32=tf32)
+                return GroupSession(made[0], device, outputs, self.options, name, threads, tf32=tf32)
             except SessionCreationError:
                 if i == len(models) - 1:
                     raise
@@ -281,6 +285,11 @@ def _timed(times: dict, step: str):
         yield
     finally:
         times[step] = times.get(step, 0.0) + time.perf_counter() - start
+
+
+def _fused(model) -> tuple[bytes, dict] | None:
+    fused, fusions = onnx_export.fuse_for_ort(model)
+    return None if fused is None else (fused, fusions)
 
 
 def _where(gm: torch.fx.GraphModule, where: list[int] | None) -> tuple[int, ...]:

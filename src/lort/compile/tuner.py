@@ -35,6 +35,7 @@ from ..options import Options
 from ..reasons import Placement
 from ..runtime import cuda
 from ..runtime.dtypes import TABLE
+from ..runtime.frozen import timing_runs
 from ..runtime.session import GroupSession, create_session
 from .layout import inverse, static_shape
 
@@ -125,27 +126,8 @@ class Tuner:
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state(device) if device is not None else None
         try:
-            args = [_clone(a) for a in example_inputs]
-            samples: dict[str, list[float]] = {name: [] for name in candidates}
-            for fn in candidates.values():  # warm-up: lazy compiles (the backward), caches
-                _step(fn, args, train)
-                _step(fn, args, train)
-            spent = 0.0
-            while True:
-                for name, fn in candidates.items():
-                    cuda.synchronize(device)
-                    t0 = time.perf_counter()
-                    _step(fn, args, train)
-                    cuda.synchronize(device)
-                    elapsed = time.perf_counter() - t0
-                    samples[name].append(elapsed)
-                    spent += elapsed
-                n = len(next(iter(samples.values())))
-                if n >= self.graph_max_samples or (
-                    n >= self.graph_min_samples and spent > self.graph_budget_s * len(candidates)
-                ):
-                    break
-            return {name: min(v) for name, v in samples.items()}
+            with timing_runs():
+                return self._time_graph(candidates, example_inputs, train, device)
         except Exception as e:  # noqa: BLE001 - a timing failure must not fail compilation
             logger.info("lort: whole-graph timing failed (%s); keeping lort's graph", e)
             return None
@@ -153,6 +135,26 @@ class Tuner:
             torch.set_rng_state(rng)
             if device is not None:
                 torch.cuda.set_rng_state(cuda_rng, device)
+
+    def _time_graph(self, candidates, example_inputs, train, device) -> dict[str, float]:
+        args = [_clone(a) for a in example_inputs]
+        samples: dict[str, list[float]] = {name: [] for name in candidates}
+        for fn in candidates.values():  # warm-up: lazy compiles (the backward), caches
+            _step(fn, args, train)
+            _step(fn, args, train)
+        spent = 0.0
+        while True:
+            for name, fn in candidates.items():
+                cuda.synchronize(device)
+                t0 = time.perf_counter()
+                _step(fn, args, train)
+                cuda.synchronize(device)
+                elapsed = time.perf_counter() - t0
+                samples[name].append(elapsed)
+                spent += elapsed
+            n = len(next(iter(samples.values())))
+            if n >= self.graph_max_samples or (n >= self.graph_min_samples and spent > self.graph_budget_s * len(candidates)):
+                return {name: min(v) for name, v in samples.items()}
 
 
 def synthetic_inputs(metas) -> list | None:

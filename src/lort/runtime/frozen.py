@@ -12,12 +12,34 @@ seen (use ``freeze=False`` for code that writes weights that way)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
+import threading
 
 import numpy as np
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+
+_timing = threading.local()
+
+
+@contextlib.contextmanager
+def timing_runs():
+    """Calls made to time a compiled graph (compile/tuner.py) run on clones of its
+    inputs and their outputs are discarded: in them the frozen sessions are used as
+    they are, not frozen again over the clones."""
+    before = getattr(_timing, "on", False)
+    _timing.on = True
+    try:
+        yield
+    finally:
+        _timing.on = before
+
+
+def in_timing_run() -> bool:
+    return getattr(_timing, "on", False)
 
 
 @dataclasses.dataclass(frozen=True)

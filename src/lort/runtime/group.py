@@ -3,6 +3,7 @@ cached by argument spec, the run modes, and the fallback when ORT fails at run t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from typing import Callable
@@ -14,7 +15,7 @@ from ..options import Options
 from ..reasons import Placement, Reason, ReasonKind
 from . import cuda
 from .compiled import CompiledGroup, spec_key
-from .frozen import WeightGuard
+from .frozen import WeightGuard, in_timing_run
 from .session import GroupSession
 
 logger = logging.getLogger("lort")
@@ -27,7 +28,9 @@ class OrtGroup(torch.nn.Module):
 
     def __init__(self, compiled: CompiledGroup, options: Options):
         super().__init__()
-        self.compiled = compiled
+        # The group keeps the compiled value without its session: the session lives in
+        # the caches below only, and goes when they drop it (a re-freeze, a fallback).
+        self.compiled = dataclasses.replace(compiled, session=None)
         self.name = compiled.name
         self.gm = compiled.gm
         self.options = options
@@ -103,9 +106,11 @@ class OrtGroup(torch.nn.Module):
         """The session holding the current weights, freezing them again where they
         changed; None once they are unfrozen (they then go to ORT as inputs)."""
         guard = self._guard
+        sess = self._frozen_sessions.get(tf32)
+        if sess is not None and in_timing_run():
+            return sess  # clones of the weights, outputs discarded: not frozen again
         changed = guard.changed(args)
         self._calls_since_freeze += 1
-        sess = self._frozen_sessions.get(tf32)
         if changed is None and sess is not None:
             return sess
         tensors = [args[i] for i in guard.indices]

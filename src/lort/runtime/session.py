@@ -202,6 +202,12 @@ def create_session(
         )
     except Exception as e:
         raise SessionCreationError(f"ONNX Runtime could not build a session for group {name!r}: {e}") from e
+    # onnxruntime's Python wrapper keeps the model bytes to rebuild the session on a
+    # provider failure; lort handles run failures itself (runtime/group.py), and a model
+    # with frozen weights holds a copy of them.
+    session.disable_fallback()
+    if hasattr(session, "_model_bytes"):
+        session._model_bytes = None
     if count:
         stats.add_session()
     return session

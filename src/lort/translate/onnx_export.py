@@ -36,17 +36,19 @@ def deserialize(model_bytes: bytes) -> ir.Model:
     return ir.serde.deserialize_model(onnx.ModelProto.FromString(model_bytes))
 
 
-def fuse_for_ort(model: ir.Model) -> tuple[bytes | None, dict[str, int]]:
+def fuse_for_ort(model: ir.Model, in_place: bool = False) -> tuple[bytes | None, dict[str, int]]:
     """The model rewritten with onnxscript's ORT fusions (GELU, skip layer norm,
     attention, fused matmuls, ...) and the count of each fusion that fired; (None, {})
-    when the rewrite fails or changes the model's interface. ``model`` is not changed."""
-    copy = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    when the rewrite fails or changes the model's interface. ``model`` is not changed,
+    unless ``in_place`` (no copy: a model holding frozen weights is not copied)."""
+    copy = model if in_place else ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    io_names = _io_names(model)
     try:
         fused, counts = _compat.optimize_for_ort(copy)
     except Exception as e:  # the rewriter is an optimization: never fatal
         logger.info("lort: ORT fusion rewrites failed on %s: %s", model.graph.name, _root_cause(e))
         return None, {}
-    if _io_names(fused) != _io_names(model):
+    if _io_names(fused) != io_names:
         logger.info("lort: ORT fusion rewrites changed the interface of %s; not used", model.graph.name)
         return None, {}
     return serialize(fused), {k: v for k, v in counts.items() if v}
