@@ -175,6 +175,10 @@ def mib(b) -> str:
     return f"{b / 2**20:.1f}"
 
 
+def weight_mib(b) -> str:
+    return f"{b / 2**20:.2f}" if b < 10 * 2**20 else mib(b)
+
+
 #: Growths below this (bytes) make ratios noise, shown as "-".
 MIN_DENOMINATOR = 1 << 20
 
@@ -215,14 +219,15 @@ def format_row(name: str, r: dict) -> str:
     fu = ratio(growth(f), growth(u)) if ok(f) and ok(u) else "-"
     fw = ratio(growth(f), growth(w)) if ok(f) and ok(w) else "-"
     return (
-        f"| {name} | {mib(base['weights'])} | {mib(base['baseline'])} | {peak_cell(e)} | {peak_cell(f)} | "
+        f"| {name} | {weight_mib(base['weights'])} | {mib(base['baseline'])} | {peak_cell(e)} | {peak_cell(f)} | "
         f"{peak_cell(u)} | {peak_cell(w)} | {fu} | {fw} |"
     )
 
 
 def copies(r: dict, key: str) -> str:
-    """(RSS[key] - baseline) in units of the model's weights."""
-    return f"{growth(r, key) / r['weights']:.2f}" if ok(r) and r["weights"] else "-"
+    """(RSS[key] - baseline) in units of the model's weights ("-" under 1 MiB of
+    weights, where the libraries' fixed cost is all one sees)."""
+    return f"{growth(r, key) / r['weights']:.2f}" if ok(r) and r["weights"] >= MIN_DENOMINATOR else "-"
 
 
 def first_vs_calls(r: dict) -> str:
@@ -235,7 +240,7 @@ def format_copies(name: str, r: dict) -> str:
     e, f, u, w = (r[v] for v in VARIANTS)
     weights = next(x["weights"] for x in (e, f, u, w) if "weights" in x)
     return (
-        f"| {name} | {mib(weights)} | {copies(e, 'peak')} | {copies(f, 'peak')} | {copies(u, 'peak')} | "
+        f"| {name} | {weight_mib(weights)} | {copies(e, 'peak')} | {copies(f, 'peak')} | {copies(u, 'peak')} | "
         f"{copies(w, 'peak')} | {copies(f, 'kept')} | {copies(u, 'kept')} | {copies(w, 'kept')} | "
         f"{first_vs_calls(f)} | {first_vs_calls(u)} |"
     )
@@ -302,8 +307,9 @@ def report(rows, mach, calls, elapsed, methods, sizes="cpu") -> str:
         "",
         *geomeans(rows),
         "",
-        "The same figures in copies of the weights: (RSS - baseline) / weights. The last two columns split",
-        "the peak growth (MiB) into the first call (capture and compile) and calls 2-N.",
+        "The same figures in copies of the weights: (RSS - baseline) / weights (\"-\" under 1 MiB of weights).",
+        "The last two columns split the peak growth (MiB) into the first call (capture and compile) and",
+        "calls 2-N.",
         "",
         COPIES_HEADER,
         *[format_copies(name, r) for name, r in rows],
@@ -313,12 +319,18 @@ def report(rows, mach, calls, elapsed, methods, sizes="cpu") -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+#: What follows this line in the output file is kept when the figures are written again.
+READING_MARKER = "<!-- reading: kept by freeze_memory.py, update it with the figures -->"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=DEFAULT_MODELS)
     ap.add_argument("--calls", type=int, default=20, help="calls per process (the first compiles)")
     ap.add_argument("--out", help="default benchmarks/freeze_memory.md (freeze_memory_large.md with --sizes cuda)")
     ap.add_argument("--json", help="also write the raw figures (bytes) to this file")
+    ap.add_argument("--from-json", help="measure nothing: write the report of the figures in this file "
+                    "(a --json file of an earlier run; its header keeps that run's seconds)")
     ap.add_argument("--sizes", choices=["cpu", "cuda"], default="cpu",
                     help="cuda: the models at issue 10's sizes (lort.testing.models.CUDA_CASES), still on CPU")
     a = ap.parse_args(argv)
@@ -336,23 +348,35 @@ def main(argv=None) -> int:
             ap.error(f"unknown model {m!r}; choose from {list(CASES)}")
     if a.calls < 2:
         ap.error("--calls must be at least 2")
-    mach = machine()
-    print(mach)
-    print(HEADER, flush=True)
-    rows, methods = [], set()
-    t0 = time.perf_counter()
-    for name in models:
-        r = {v: measure(name, v, a.calls, a.sizes) for v in VARIANTS}
-        methods.update(x["method"] for x in r.values() if "method" in x)
-        rows.append((name, r))
-        print(format_row(name, r), flush=True)
-    elapsed = time.perf_counter() - t0
+    if a.from_json:
+        with open(a.from_json) as f:
+            saved = json.load(f)
+        mach, elapsed, a.calls = saved["machine"], saved["seconds"], saved["calls"]
+        rows = [(name, r) for name, r in saved["rows"].items()]
+        methods = {x["method"] for _, r in rows for x in r.values() if "method" in x}
+    else:
+        mach = machine()
+        print(mach)
+        print(HEADER, flush=True)
+        rows, methods = [], set()
+        t0 = time.perf_counter()
+        for name in models:
+            r = {v: measure(name, v, a.calls, a.sizes) for v in VARIANTS}
+            methods.update(x["method"] for x in r.values() if "method" in x)
+            rows.append((name, r))
+            print(format_row(name, r), flush=True)
+        elapsed = time.perf_counter() - t0
     text = report(rows, mach, a.calls, elapsed, methods, a.sizes)
+    if os.path.exists(a.out):  # a hand-written reading of the figures stays below the marker
+        with open(a.out) as f:
+            old = f.read()
+        if READING_MARKER in old:
+            text += "\n" + old[old.index(READING_MARKER):]
     with open(a.out, "w") as f:
         f.write(text)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(rows), f, indent=1)
+            json.dump(dict(machine=mach, seconds=elapsed, calls=a.calls, rows=dict(rows)), f, indent=1)
     print(text[text.index("- geomean"):] if "- geomean" in text else "")
     print(f"{elapsed:.0f} s; wrote {a.out}")
     return 0
