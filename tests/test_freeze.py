@@ -278,3 +278,17 @@ def test_timing_on_the_first_call_does_not_freeze_again(net):
         assert mod.refreezes == 0
         assert mod.compiled.session is None  # the group does not keep the compile-time session
         assert len(mod._frozen_sessions) + len(mod.sessions) <= 1
+
+
+def test_a_replaced_parameter_is_not_kept_alive_by_lort(net):
+    import gc
+    import weakref
+
+    model, x = net
+    cm, backend = _compiled(model)
+    _check(cm, model, x)
+    old = weakref.ref(model.fc.weight)
+    _new_parameter(model)
+    _check(cm, model, x)
+    gc.collect()
+    assert old() is None

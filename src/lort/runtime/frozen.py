@@ -45,18 +45,18 @@ def in_timing_run() -> bool:
 @dataclasses.dataclass(frozen=True)
 class FrozenWeight:
     """A group input frozen into its sessions: its position among the group's inputs,
-    its readable name ("encoder.layer.0.weight") and the tensor."""
+    its readable name ("encoder.layer.0.weight") and the tensor frozen (None once the
+    runtime holds it: the guard keeps the current one)."""
 
     index: int
     name: str
-    tensor: torch.Tensor
+    tensor: torch.Tensor | None
 
 
 class WeightGuard:
     """Tells whether any frozen weight changed since ``reset``."""
 
     def __init__(self, weights: tuple[FrozenWeight, ...], sample: bool):
-        self.weights = weights
         self.indices = [w.index for w in weights]
         # The frozen inputs out of a call's arguments, as a tuple (in C).
         self._pick = operator.itemgetter(*self.indices) if len(self.indices) > 1 else (lambda a: (a[self.indices[0]],))

@@ -28,9 +28,12 @@ class OrtGroup(torch.nn.Module):
 
     def __init__(self, compiled: CompiledGroup, options: Options):
         super().__init__()
-        # The group keeps the compiled value without its session: the session lives in
-        # the caches below only, and goes when they drop it (a re-freeze, a fallback).
-        self.compiled = dataclasses.replace(compiled, session=None)
+        # The group keeps the compiled value without its session and without the frozen
+        # weights' tensors: the session lives in the caches below only, the tensors in
+        # the guard, and both go when replaced (a re-freeze, a new Parameter, a fallback).
+        self.compiled = dataclasses.replace(
+            compiled, session=None, frozen=tuple(dataclasses.replace(w, tensor=None) for w in compiled.frozen)
+        )
         self.name = compiled.name
         self.gm = compiled.gm
         self.options = options
