@@ -549,3 +549,28 @@ def test_float64_scalars_that_float32_rounds_stay_exact():
     xf = x.float()
     torch.testing.assert_close(torch.compile(g, backend=backend)(xf), g(xf), rtol=1e-6, atol=1e-6)
     assert backend.records[0].torch_nodes == 0
+
+
+def test_logcumsumexp_float64_gradient_matches_eager():
+    """logcumsumexp's backward builds scalar_tensor(finfo(float64).min); as a float32
+    constant that is -inf, and the reversed logcumsumexp of the gradient's log then
+    computes -inf - -inf = NaN. The scalar_tensor stays in PyTorch (float32 cannot hold
+    it), the rest of the backward in ORT, and the gradient is eager's."""
+
+    def f(x):
+        return torch.logcumsumexp(x, 0)
+
+    torch.manual_seed(0)
+    x = (torch.randn(5, 5, 5, dtype=torch.float64) * 3).requires_grad_()
+    cotangent = torch.randn(5, 5, 5, dtype=torch.float64)
+    backend = LortBackend({"executor": "ort", "disk_cache": False})
+    out = torch.compile(f, backend=backend)(x)
+    (grad,) = torch.autograd.grad(out, x, cotangent)
+    expected = f(x)
+    (expected_grad,) = torch.autograd.grad(expected, x, cotangent)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    assert not grad.isnan().any()
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-12, atol=1e-12)
+    in_torch = [op for record in backend.records for op, _ in record.fallbacks]
+    assert in_torch == ["aten.scalar_tensor.default"]
+    assert sum(record.ort_nodes for record in backend.records) > 10

@@ -36,6 +36,7 @@ CASES = [
     ("nn.functional.pad.replicate_negative", "int64"),
     ("index_reduce.prod", "float32"),
     ("addcdiv", "float64"),
+    ("logcumsumexp", "float64"),
     ("nn.functional.gelu", "float64"),
     ("erf", "float64"),
     ("nn.functional.conv2d", "float64"),

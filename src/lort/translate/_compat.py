@@ -296,7 +296,7 @@ def _float64_scalar_reason(node: torch.fx.Node) -> str | None:
         if (
             isinstance(value, float)
             and math.isfinite(value)
-            and float(np.float32(value)) != value
+            and (abs(value) > float(np.finfo(np.float32).max) or float(np.float32(value)) != value)
         ):
             return (
                 f"float64 graph: the translation makes its float argument {arg.name}={value!r} a "
