@@ -1,0 +1,117 @@
+"""lort's single-op decompositions (lort.capture.decompositions_ops) and translation
+fixes, against eager PyTorch: the decomposition itself, and the op through lort (outputs
+and gradients, float64 where it matters), with every node in ORT."""
+
+import math
+
+import pytest
+import torch
+
+from lort.backend import LortBackend
+from lort.capture import decompositions_ops as dops
+
+aten = torch.ops.aten
+
+ZERO_DIM_VALUES = [2.5, -3.0, 0.0, -0.0, math.inf, -math.inf, math.nan]
+
+
+def _through_lort(fn, *args):
+    """fn(*args) through lort, eager's result, and the backend (its records)."""
+    backend = LortBackend({"executor": "ort", "disk_cache": False})
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(fn, backend=backend)(*args)
+    finally:
+        torch._dynamo.reset()
+    return got, fn(*args), backend
+
+
+def _all_in_ort(backend) -> None:
+    fallbacks = [f for record in backend.records for f in record.fallbacks]
+    assert not fallbacks, fallbacks
+    assert sum(record.ort_nodes for record in backend.records) > 0
+
+
+@pytest.mark.parametrize("value", ZERO_DIM_VALUES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_zero_dim_reductions_equal_aten(value, dtype):
+    x = torch.tensor(value, dtype=dtype)
+    for op in (aten.amax.default, aten.amin.default):
+        for dim in ([], [0], [-1]):
+            for keepdim in (False, True):
+                torch.testing.assert_close(dops.zero_dim_extremum(x, dim, keepdim), op(x, dim, keepdim), equal_nan=True)
+    for op in (aten.any.dim, aten.all.dim):
+        for keepdim in (False, True):
+            got = dops.zero_dim_any_all(x, 0, keepdim)
+            assert got.dtype == torch.bool and got.shape == torch.Size([])
+            assert bool(got) == bool(op(x, 0, keepdim))
+    for op in (aten.any.dims, aten.all.dims):
+        assert bool(dops.zero_dim_any_all(x, [0], True)) == bool(op(x, [0], True))
+
+
+@pytest.mark.parametrize("x", [torch.tensor(3), torch.tensor(0), torch.tensor(True), torch.tensor(False)])
+def test_zero_dim_any_all_integers_and_bools(x):
+    for op in (aten.any.dim, aten.all.dim):
+        got = dops.zero_dim_any_all(x, 0, False)
+        expected = op(x, 0, False)
+        assert got.dtype == expected.dtype and bool(got) == bool(expected)
+
+
+def test_zero_dim_decompositions_leave_other_inputs_alone():
+    x = torch.randn(3, 4)
+    assert dops.zero_dim_extremum(x, [0], False) is NotImplemented
+    assert dops.zero_dim_any_all(x, 0, False) is NotImplemented
+    assert dops.zero_dim_any_all(torch.tensor(3, dtype=torch.uint8), 0, False) is NotImplemented
+
+
+@pytest.mark.parametrize("value", [2.5, -math.inf, math.nan])
+def test_zero_dim_reductions_through_lort(value):
+    """amax/amin/argmax/any/all on a 0-d tensor, with a dim: all in ORT (ReduceMax on a
+    rank-0 input with an axis failed to build), eager's values and gradients."""
+
+    def f(x):
+        return (
+            torch.amax(x, 0, keepdim=True) * 2,
+            torch.amin(x, -1) + 1,
+            torch.argmax(x, 0, keepdim=True),
+            torch.argmin(x),
+            torch.any(x, 0),
+            torch.all(x, 0, keepdim=True),
+        )
+
+    x = torch.tensor(value, dtype=torch.float64, requires_grad=True)
+    got, expected, backend = _through_lort(f, x)
+    torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0)
+    _all_in_ort(backend)
+    g_got = torch.autograd.grad(got[0] + got[1], x)[0]
+    g_exp = torch.autograd.grad(expected[0] + expected[1], x)[0]
+    torch.testing.assert_close(g_got, g_exp, equal_nan=True, rtol=0, atol=0)
+
+
+def test_zero_dim_int_amax_through_lort():
+    def f(x):
+        return torch.amax(x, 0), torch.amin(x, 0, keepdim=True), torch.any(x, 0), torch.all(x, 0)
+
+    got, expected, backend = _through_lort(f, torch.tensor(-7))
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    _all_in_ort(backend)
+
+
+def test_outputs_that_are_not_fresh_values_get_an_identity():
+    """torch_lib translates logsumexp over a 0-d tensor and repeat by no repeats to their
+    input (or a constant): the group's output was then a graph input and the group failed
+    ("group output 0 is not a fresh value"); now it runs in ORT with eager's values."""
+
+    def f(x, y):
+        return torch.logsumexp(x, 0), y.repeat(()), x.repeat((2,))
+
+    x = torch.tensor(1.25, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor(-0.5, dtype=torch.float64)
+    got, expected, backend = _through_lort(f, x, y)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    _all_in_ort(backend)
+    torch.testing.assert_close(
+        torch.autograd.grad(got[0] + got[2].sum(), x)[0],
+        torch.autograd.grad(expected[0] + expected[2].sum(), x)[0],
+        rtol=0, atol=0,
+    )
