@@ -115,3 +115,69 @@ def test_outputs_that_are_not_fresh_values_get_an_identity():
         torch.autograd.grad(expected[0] + expected[2].sum(), x)[0],
         rtol=0, atol=0,
     )
+
+
+def test_bool_max_min_dim_equal_aten():
+    torch.manual_seed(0)
+    x = torch.rand(6, 7) > 0.6
+    x[2] = False
+    x[3] = True
+    for op in (aten.max.dim, aten.min.dim):
+        for dim, keepdim in ((0, False), (1, True), (-1, False)):
+            values, indices = dops.bool_max_min_dim(op)(x, dim, keepdim)
+            e_values, e_indices = op(x, dim, keepdim)
+            assert values.dtype == torch.bool
+            torch.testing.assert_close(values, e_values, rtol=0, atol=0)
+            torch.testing.assert_close(indices, e_indices, rtol=0, atol=0)
+    assert dops.bool_max_min_dim(aten.max.dim)(torch.randn(3), 0) is NotImplemented
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cumprod_gradient_through_lort(dtype):
+    """cumprod's backward takes max.dim of a bool mask (ArgMax takes no bool) and its
+    forward decomposes to prims.prod (no translation): both now run in ORT."""
+
+    def f(x):
+        return torch.cumprod(x, 1)
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 5, 3, dtype=dtype)
+    x[1, 2, 0] = 0.0  # one zero: the backward's first-zero path
+    x[2, 1, 1] = x[2, 3, 1] = 0.0  # two zeros
+    x.requires_grad_()
+    cotangent = torch.randn(4, 5, 3, dtype=dtype)
+    got, expected, backend = _through_lort(f, x)
+    rtol, atol = (1e-12, 1e-12) if dtype == torch.float64 else (1e-5, 1e-5)
+    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
+    torch.testing.assert_close(
+        torch.autograd.grad(got, x, cotangent)[0], torch.autograd.grad(expected, x, cotangent)[0], rtol=rtol, atol=atol
+    )
+    in_torch = [op for record in backend.records for op, _ in record.fallbacks]
+    assert not [op for op in in_torch if op != "aten.detach.default"], in_torch
+
+
+def test_prims_prod_equals_aten_prod():
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    torch.testing.assert_close(dops.prims_prod(x, [0, 2]), x.prod(2).prod(0), rtol=0, atol=0)
+    torch.testing.assert_close(dops.prims_prod(x, [-1]), x.prod(-1), rtol=0, atol=0)
+    torch.testing.assert_close(dops.prims_prod(x, []), x, rtol=0, atol=0)
+    ints = torch.randint(-3, 4, (4, 5))
+    got = dops.prims_prod(ints, [1], output_dtype=torch.float64)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, ints.prod(1).double(), rtol=0, atol=0)
+
+
+def test_integer_rounding_and_angle_through_lort():
+    def f(x, b):
+        return torch.trunc(x), torch.floor(x), torch.ceil(x), torch.round(x), torch.angle(x), torch.angle(b)
+
+    x = torch.tensor([-5, -1, 0, 3, 2**40])
+    b = torch.tensor([True, False])
+    got, expected, backend = _through_lort(f, x, b)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    _all_in_ort(backend)
+    assert dops.integer_rounding(torch.randn(2)) is NotImplemented
+    assert dops.integer_angle(torch.randn(2)) is NotImplemented

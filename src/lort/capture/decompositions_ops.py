@@ -9,6 +9,8 @@ ops it translates exactly (registered by ``decompositions.table``).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 aten = torch.ops.aten
@@ -59,5 +61,58 @@ def table(previous: dict) -> dict:
         aten.any.dims: zero_dim_any_all,
         aten.all.dim: zero_dim_any_all,
         aten.all.dims: zero_dim_any_all,
+        aten.max.dim: bool_max_min_dim(aten.max.dim),
+        aten.min.dim: bool_max_min_dim(aten.min.dim),
+        aten.trunc.default: integer_rounding,
+        aten.floor.default: integer_rounding,
+        aten.ceil.default: integer_rounding,
+        aten.round.default: integer_rounding,
+        aten.angle.default: integer_angle,
+        torch.ops.prims.prod.default: prims_prod,
     }
     return {op: _chain(fn, previous.get(op)) for op, fn in own.items()}
+
+
+def bool_max_min_dim(op):
+    """max.dim/min.dim of a bool tensor (cumprod's backward finds its first zero so) as the
+    op on int32: ONNX's ArgMax/ArgMin take no bool. Values are cast back to bool."""
+
+    def decomposition(x, dim, keepdim=False):
+        if x.dtype != torch.bool:
+            return NotImplemented
+        values, indices = op(aten._to_copy.default(x, dtype=torch.int32), dim, keepdim)
+        return aten._to_copy.default(values, dtype=torch.bool), indices
+
+    decomposition.__name__ = f"bool_{op.__name__.replace('.', '_')}"
+    return decomposition
+
+
+def integer_rounding(x):
+    """trunc/floor/ceil/round of an integer or bool tensor: the values themselves (ONNX's
+    Floor/Ceil/Round take floats only)."""
+    if x.dtype.is_floating_point or x.dtype.is_complex:
+        return NotImplemented
+    return aten.clone.default(x)
+
+
+def integer_angle(x):
+    """angle of an integer or bool tensor: pi where it is negative, else 0, in the default
+    float dtype (torch_lib's translation kept the integer output type and failed)."""
+    if x.dtype.is_floating_point or x.dtype.is_complex:
+        return NotImplemented
+    dtype = torch.get_default_dtype()
+    negative = aten._to_copy.default(aten.lt.Scalar(x, 0), dtype=dtype)
+    return aten.mul.Tensor(negative, aten.scalar_tensor.default(math.pi, dtype=dtype, device=x.device))
+
+
+def prims_prod(x, dims, *, output_dtype=None):
+    """prims.prod (PyTorch's cumprod decomposition reduces with it; torch_lib has no
+    translation) as aten.prod over each dim, the last first."""
+    out = x
+    for dim in sorted({d % max(x.dim(), 1) for d in dims}, reverse=True):
+        out = aten.prod.dim_int(out, dim) if x.dim() > 0 else aten.clone.default(out)
+    if not dims:
+        out = aten.clone.default(out)
+    if output_dtype is not None and out.dtype != output_dtype:
+        out = aten._to_copy.default(out, dtype=output_dtype)
+    return out
