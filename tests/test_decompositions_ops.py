@@ -181,3 +181,46 @@ def test_integer_rounding_and_angle_through_lort():
     _all_in_ort(backend)
     assert dops.integer_rounding(torch.randn(2)) is NotImplemented
     assert dops.integer_angle(torch.randn(2)) is NotImplemented
+
+
+def test_hardtanh_backward_equals_aten():
+    x = torch.tensor([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0, math.nan, math.inf, -math.inf], dtype=torch.float64)
+    g = torch.arange(1.0, 11.0, dtype=torch.float64)
+    for lo, hi in ((-1.0, 1.0), (0.0, 6.0), (-0.5, 0.5)):
+        torch.testing.assert_close(
+            dops.hardtanh_backward(g, x, lo, hi), aten.hardtanh_backward(g, x, lo, hi), rtol=0, atol=0
+        )
+
+
+@pytest.mark.parametrize("fn", [torch.nn.functional.hardtanh, torch.nn.functional.relu6])
+def test_hardtanh_float64_gradient_through_lort(fn):
+    x = torch.tensor([-7.0, -1.0, -0.25, 0.0, 0.75, 1.0, 5.0, 6.0, 9.0], dtype=torch.float64, requires_grad=True)
+    cotangent = torch.linspace(-1, 1, 9, dtype=torch.float64)
+    got, expected, backend = _through_lort(fn, x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close(
+        torch.autograd.grad(got, x, cotangent)[0], torch.autograd.grad(expected, x, cotangent)[0], rtol=0, atol=0
+    )
+    _all_in_ort(backend)
+
+
+def test_float64_layer_norm_through_lort():
+    """float64 layer norm (outputs, mean and rstd, gradients of input, weight and bias) in
+    ORT: torch_lib's LayerNormalization gave float32 mean/rstd and the group failed."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+
+    def f(x, w, b):
+        return torch.native_layer_norm(x, [4, 6], w, b, 2.0**-17)  # float32-exact eps: stays in ORT
+
+    got, expected, backend = _through_lort(f, x, w, b)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype == torch.float64
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+    _all_in_ort(backend)
+    cotangent = torch.randn(3, 4, 6, dtype=torch.float64)
+    for g, e in zip(torch.autograd.grad(got[0], (x, w, b), cotangent), torch.autograd.grad(expected[0], (x, w, b), cotangent)):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+    assert dops.float64_native_layer_norm(x.float(), [4, 6], None, None, 1e-5) is NotImplemented

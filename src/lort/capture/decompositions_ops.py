@@ -69,6 +69,8 @@ def table(previous: dict) -> dict:
         aten.round.default: integer_rounding,
         aten.angle.default: integer_angle,
         torch.ops.prims.prod.default: prims_prod,
+        aten.hardtanh_backward.default: hardtanh_backward,
+        aten.native_layer_norm.default: float64_native_layer_norm,
     }
     return {op: _chain(fn, previous.get(op)) for op, fn in own.items()}
 
@@ -116,3 +118,22 @@ def prims_prod(x, dims, *, output_dtype=None):
     if output_dtype is not None and out.dtype != output_dtype:
         out = aten._to_copy.default(out, dtype=output_dtype)
     return out
+
+
+def hardtanh_backward(grad_output, x, min_val, max_val):
+    """PyTorch's kernel, ``grad where min_val < x < max_val, else 0`` (0 for NaN inputs):
+    torch_lib's translation multiplied a float64 gradient by a float32 mask and failed
+    to build."""
+    inside = aten.logical_and.default(aten.gt.Scalar(x, min_val), aten.lt.Scalar(x, max_val))
+    return aten.masked_fill.Scalar(grad_output, aten.logical_not.default(inside), 0)
+
+
+def float64_native_layer_norm(x, normalized_shape, weight, bias, eps):
+    """native_layer_norm of float64 as PyTorch's own decomposition (var_mean, rsqrt):
+    torch_lib's LayerNormalization gives float32 mean and rstd, and its group failed to
+    build (output type double expected)."""
+    if x.dtype != torch.float64:
+        return NotImplemented
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[aten.native_layer_norm.default](x, normalized_shape, weight, bias, eps)
