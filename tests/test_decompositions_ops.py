@@ -224,3 +224,38 @@ def test_float64_layer_norm_through_lort():
     for g, e in zip(torch.autograd.grad(got[0], (x, w, b), cotangent), torch.autograd.grad(expected[0], (x, w, b), cotangent)):
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
     assert dops.float64_native_layer_norm(x.float(), [4, 6], None, None, 1e-5) is NotImplemented
+
+
+def test_scalars_of_promotion_are_exact_through_lort():
+    """Type promotion makes ``x * 0.1`` ``mul(x, scalar_tensor(0.1, dtype))``; torch_lib
+    wrote a float scalar_tensor as a float32 constant cast to the dtype (0.1 off by
+    1.5e-9 in float64). lort's scalar_tensor is exact in every dtype (int64 checked too)."""
+
+    def f(x, n):
+        return x * 0.1 + 1e-300, x.clamp(-0.3, 0.7), n + (2**60 + 1), n * 3
+
+    x = torch.linspace(-2, 2, 11, dtype=torch.float64)
+    n = torch.arange(-3, 4)
+    got, expected, backend = _through_lort(f, x, n)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    _all_in_ort(backend)
+    xf = x.float()
+    got, expected, backend = _through_lort(f, xf, n)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def test_float_attributes_of_float64_graphs_stay_in_pytorch():
+    """leaky_relu's slope is an ONNX float (float32) attribute: with 0.1 on float64 the
+    node stays in PyTorch, and the result is eager's exactly."""
+
+    def f(x):
+        return torch.nn.functional.leaky_relu(x * 0.1, 0.1)
+
+    x = torch.linspace(-2, 2, 11, dtype=torch.float64)
+    got, expected, backend = _through_lort(f, x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    in_torch = [op for record in backend.records for op, _ in record.fallbacks]
+    assert in_torch == ["aten.leaky_relu.default"]

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import operator
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from ..errors import UnsupportedVersionError
@@ -80,7 +78,11 @@ def check_versions() -> None:
 def registry() -> Any:
     """torch_lib's ATen -> ONNX registry (built once; it takes about a second)."""
     check_versions()
-    return _ex_registration.ONNXRegistry.from_torchlib(OPSET)
+    from . import exact_scalars
+
+    reg = _ex_registration.ONNXRegistry.from_torchlib(OPSET)
+    exact_scalars.register(reg)
+    return reg
 
 
 def _node_arg(node: torch.fx.Node, index: int, name: str, default: Any = None) -> Any:
@@ -280,29 +282,9 @@ def _known_wrong() -> dict:
 
 
 def _float64_scalar_reason(node: torch.fx.Node) -> str | None:
-    """A node of a float64 graph with a Python float argument that float32 cannot hold
-    exactly stays in PyTorch: the translation makes such scalars float32 constants
-    (mul.Tensor(x, 3.14) and leaky_relu(x, 0.1) on float64 were off by float32
-    rounding, 1.8e-7 absolute), whether the schema types them Tensor or Scalar."""
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return None
-    tensors = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
-    flat = [t for v in tensors for t in (v if isinstance(v, (tuple, list)) else [v])]
-    if not any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in flat):
-        return None
-    for i, arg in enumerate(target._schema.arguments):
-        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-        if (
-            isinstance(value, float)
-            and math.isfinite(value)
-            and (abs(value) > float(np.finfo(np.float32).max) or float(np.float32(value)) != value)
-        ):
-            return (
-                f"float64 graph: the translation makes its float argument {arg.name}={value!r} a "
-                f"float32 constant, which would round it"
-            )
-    return None
+    from . import exact_scalars
+
+    return exact_scalars.float64_scalar_reason(node)
 
 
 def dispatch(node: torch.fx.Node) -> tuple[Callable | None, str]:
