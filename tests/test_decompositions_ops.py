@@ -259,3 +259,14 @@ def test_float_attributes_of_float64_graphs_stay_in_pytorch():
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     in_torch = [op for record in backend.records for op, _ in record.fallbacks]
     assert in_torch == ["aten.leaky_relu.default"]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_integer_pixel_shuffle_through_lort(dtype):
+    x = torch.arange(2 * 8 * 3 * 2).reshape(2, 8, 3, 2)
+    x = x.to(dtype) if dtype != torch.bool else x % 3 == 0
+    got, expected, backend = _through_lort(lambda t: torch.nn.functional.pixel_shuffle(t, 2), x)
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    _all_in_ort(backend)
+    assert dops.integer_pixel_shuffle(torch.randn(1, 4, 2, 2), 2) is NotImplemented

@@ -71,6 +71,7 @@ def table(previous: dict) -> dict:
         torch.ops.prims.prod.default: prims_prod,
         aten.hardtanh_backward.default: hardtanh_backward,
         aten.native_layer_norm.default: float64_native_layer_norm,
+        aten.pixel_shuffle.default: integer_pixel_shuffle,
     }
     return {op: _chain(fn, previous.get(op)) for op, fn in own.items()}
 
@@ -137,3 +138,13 @@ def float64_native_layer_norm(x, normalized_shape, weight, bias, eps):
     from torch._decomp import decomposition_table
 
     return decomposition_table[aten.native_layer_norm.default](x, normalized_shape, weight, bias, eps)
+
+
+def integer_pixel_shuffle(x, upscale_factor):
+    """pixel_shuffle of a non-float tensor as PyTorch's decomposition (reshape, permute,
+    copy): ORT has no integer DepthToSpace kernel."""
+    if x.dtype.is_floating_point or x.dtype.is_complex:
+        return NotImplemented
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[aten.pixel_shuffle.default](x, upscale_factor)
