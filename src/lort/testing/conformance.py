@@ -382,3 +382,16 @@ def mean_ort_share(results: list[Result]) -> float | None:
     """Mean over (op, dtype) results that captured ATen nodes of their share in ORT."""
     shares = [r.ort_share for r in results if r.ort_share is not None]
     return sum(shares) / len(shares) if shares else None
+
+
+def mean_ort_share_without_views(results: list[Result]) -> float | None:
+    """``mean_ort_share`` with the nodes the fuser leaves to PyTorch as views only (by
+    design: a view in ORT is a copy, with no compute to gain) counted on neither side;
+    results left with no node do not count."""
+    shares = []
+    for r in results:
+        views = sum(n for (kind, _), n in r.fallbacks.items() if kind == "views only")
+        total = r.ort_nodes + r.torch_nodes - views
+        if total > 0:
+            shares.append(r.ort_nodes / total)
+    return sum(shares) / len(shares) if shares else None
