@@ -270,3 +270,22 @@ def test_integer_pixel_shuffle_through_lort(dtype):
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     _all_in_ort(backend)
     assert dops.integer_pixel_shuffle(torch.randn(1, 4, 2, 2), 2) is NotImplemented
+
+
+def test_symbolic_scalar_tensor_under_dynamic_shapes():
+    """Under dynamic shapes scalar_tensor takes a size (a graph value), which lort's exact
+    scalar_tensor casts as torch_lib does: the whole graph stays in ORT."""
+
+    def f(x):
+        return x * (x.shape[0] * 0.1) + x.shape[1]
+
+    backend = LortBackend({"executor": "ort", "disk_cache": False})
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(f, backend=backend, dynamic=True)
+        for n in (3, 5):
+            x = torch.randn(n, n + 1, dtype=torch.float64)
+            torch.testing.assert_close(compiled(x), f(x), rtol=0, atol=0)
+    finally:
+        torch._dynamo.reset()
+    _all_in_ort(backend)

@@ -22,11 +22,14 @@ aten = torch.ops.aten
 
 
 def _scalar_tensor(s: float, dtype: int = -1, layout: str = "", device: str = "", pin_memory: bool = False):
-    """aten::scalar_tensor as a Constant of its dtype (float32 when unspecified, as torch_lib)."""
+    """aten::scalar_tensor as a Constant of its dtype (float32 when unspecified, as torch_lib);
+    a symbolic ``s`` (a size under dynamic shapes, a graph value) is cast, as torch_lib does."""
     from onnxscript import opset18 as op
 
     if dtype == -1:
         dtype = ir.DataType.FLOAT.value
+    if not isinstance(s, (bool, int, float)):
+        return op.Cast(s, to=dtype)
     return op.Constant(value=ir.tensor(np.array(s, dtype=ir.DataType(dtype).numpy())))
 
 
