@@ -529,9 +529,11 @@ def test_sessions_share_one_cpu_arena_unless_asked_not_to(share):
 
 
 def test_float64_scalars_that_float32_rounds_stay_exact():
-    """The translation makes a Python float argument a float32 constant: on float64
-    graphs a node with one float32 cannot hold (3.14, 0.1) stays in PyTorch, so results
-    are float64-exact; float32 graphs, and exactly representable scalars, stay in ORT."""
+    """torch_lib makes a Python float attribute a float32 constant: on float64 graphs a
+    node with one float32 cannot hold (leaky_relu's 0.1) stays in PyTorch, so results
+    are float64-exact; scalars type promotion turns into scalar_tensor (mul's 3.14) are
+    translated exactly (lort.translate.exact_scalars) and run in ORT, as do float32
+    graphs and exactly representable scalars."""
 
     def g(x):
         return (x * 3.14 + torch.nn.functional.leaky_relu(x, 0.1)).exp() * 0.5
@@ -542,11 +544,36 @@ def test_float64_scalars_that_float32_rounds_stay_exact():
     torch.testing.assert_close(got, g(x), rtol=1e-15, atol=0)
     record = backend.records[0]
     in_torch = {op: why for op, why in record.fallbacks}
-    assert set(in_torch) == {"aten.mul.Tensor", "aten.leaky_relu.default"}, in_torch
+    assert set(in_torch) == {"aten.leaky_relu.default"}, in_torch
     assert all("float32 constant" in why for why in in_torch.values())
-    assert record.ort_nodes >= 2  # exp and mul by 0.5 still run in ORT
+    assert record.ort_nodes >= 4  # mul by 3.14, add, exp and mul by 0.5 run in ORT
     torch._dynamo.reset()
     backend = LortBackend({"executor": "ort"})
     xf = x.float()
     torch.testing.assert_close(torch.compile(g, backend=backend)(xf), g(xf), rtol=1e-6, atol=1e-6)
     assert backend.records[0].torch_nodes == 0
+
+
+def test_logcumsumexp_float64_gradient_matches_eager():
+    """logcumsumexp's backward builds scalar_tensor(finfo(float64).min); torch_lib made it
+    a float32 constant, -inf, and the reversed logcumsumexp of the gradient's log then
+    computed -inf - -inf = NaN. lort translates scalar_tensor in its own dtype: the whole
+    backward runs in ORT and the gradient is eager's."""
+
+    def f(x):
+        return torch.logcumsumexp(x, 0)
+
+    torch.manual_seed(0)
+    x = (torch.randn(5, 5, 5, dtype=torch.float64) * 3).requires_grad_()
+    cotangent = torch.randn(5, 5, 5, dtype=torch.float64)
+    backend = LortBackend({"executor": "ort", "disk_cache": False})
+    out = torch.compile(f, backend=backend)(x)
+    (grad,) = torch.autograd.grad(out, x, cotangent)
+    expected = f(x)
+    (expected_grad,) = torch.autograd.grad(expected, x, cotangent)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    assert not grad.isnan().any()
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-12, atol=1e-12)
+    in_torch = [op for record in backend.records for op, _ in record.fallbacks]
+    assert in_torch == []
+    assert sum(record.ort_nodes for record in backend.records) > 10

@@ -36,6 +36,7 @@ CASES = [
     ("nn.functional.pad.replicate_negative", "int64"),
     ("index_reduce.prod", "float32"),
     ("addcdiv", "float64"),
+    ("logcumsumexp", "float64"),
     ("nn.functional.gelu", "float64"),
     ("erf", "float64"),
     ("nn.functional.conv2d", "float64"),
@@ -110,3 +111,14 @@ def test_op(name, dtype):
     assert 1 <= result.samples <= conformance.SAMPLES
     if (name, dtype) not in ALL_IN_PYTORCH:
         assert result.ort_nodes > 0, f"{name} {dtype}: nothing ran in ORT"
+
+
+def test_mean_share_without_views():
+    r1 = conformance.Result("a", "float32", "right", ort_nodes=3, torch_nodes=1,
+                            fallbacks={("views only", "aten.view.default"): 1})
+    r2 = conformance.Result("b", "float32", "right", ort_nodes=0, torch_nodes=2,
+                            fallbacks={("views only", "aten.t.default"): 2})
+    r3 = conformance.Result("c", "float32", "right", ort_nodes=1, torch_nodes=1,
+                            fallbacks={("no torch_lib translation", "aten.polygamma.default"): 1})
+    assert conformance.mean_ort_share([r1, r2, r3]) == (0.75 + 0 + 0.5) / 3
+    assert conformance.mean_ort_share_without_views([r1, r2, r3]) == (1.0 + 0.5) / 2

@@ -348,9 +348,8 @@ CASES: list[Case] = [
       **RED),
     C("std", lambda x: torch.std(x, dim=-1), lambda: (f32(3, 6),), **RED),
     C("var_mean", lambda x: torch.var_mean(x, dim=1), lambda: (f32(3, 6),), **RED),
-    # prod's backward (and cumprod) decompose to prims.prod, which torch_lib cannot translate.
-    C("prod", lambda x: torch.prod(x, dim=1), lambda: (away0(3, 4),), fallback={"prims.prod.default": NO_TRANSLATION},
-      **RED),
+    # prod's backward (and cumprod) decompose to prims.prod, which lort decomposes to prod.dim_int.
+    C("prod", lambda x: torch.prod(x, dim=1), lambda: (away0(3, 4),), **RED),
     C("logsumexp", lambda x: torch.logsumexp(x, dim=-1), lambda: (f32(3, 5, scale=3),), **RED),
     C("argmax", lambda x: (torch.argmax(x, dim=1), torch.argmax(x)), lambda: (f32(3, 5),), grad=False),
     C("argmin", lambda x: torch.argmin(x, dim=0, keepdim=True), lambda: (f32(3, 5),), grad=False),
@@ -382,10 +381,9 @@ CASES: list[Case] = [
       grad=False),
     C("cumsum", lambda x: torch.cumsum(x, dim=1), lambda: (f32(3, 6),), **RED),
     C("cumsum_int", lambda x: torch.cumsum(x, dim=0), lambda: (i64(4, 3),), grad=False),
-    C("cumprod", lambda x: torch.cumprod(x, dim=1), lambda: (away0(3, 5),), **RED,
-      # The backward takes max.dim of a bool mask: ORT's ArgMax has no bool kernel.
-      fallback={"prims.prod.default": NO_TRANSLATION,
-                "aten.max.dim": r"Type 'tensor\(bool\)' of input parameter .* \(ArgMax\)"}),
+    # The backward takes max.dim of a bool mask (ORT's ArgMax has no bool kernel): lort
+    # takes it on int32.
+    C("cumprod", lambda x: torch.cumprod(x, dim=1), lambda: (away0(3, 5),), **RED),
     # ---- matmul family ---------------------------------------------------------------
     C("mm", torch.mm, lambda: (f32(5, 7), f32(7, 3)), **MM),
     C("bmm", torch.bmm, lambda: (f32(2, 5, 7), f32(2, 7, 3)), **MM),

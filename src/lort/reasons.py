@@ -30,8 +30,10 @@ class ReasonKind(enum.Enum):
     NOT_ATEN = "not an ATen operator"
     #: torch_lib has no translation for the operator (or for its arguments).
     NO_TRANSLATION = "no translation"
-    #: A dtype lort does not send to ORT, or one ORT has no kernel for.
+    #: A dtype lort does not send to ORT.
     DTYPE = "dtype"
+    #: ORT has no kernel for the op's translation in this dtype.
+    NO_KERNEL = "no ORT kernel for the dtype"
     #: A device without an ORT execution provider, or mixed devices.
     DEVICE = "device"
     #: A non-dense layout, or an argument that is not a tensor or scalar.

@@ -17,6 +17,8 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
 * integer ``div(..., rounding_mode="floor")`` becomes ``floor_divide``.
 * NaN semantics: amax/amin/max/min, argmax/argmin, max_pool and sign get an isnan-based
   select after the op, so ORT's results follow PyTorch's on inputs with NaN (below).
+* single ops whose translation fails on some inputs (reductions of 0-d tensors, ...):
+  ``decompositions_ops``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 
 from ..fusion import support
 from ..translate import _compat
+from . import decompositions_ops
 
 aten = torch.ops.aten
 
@@ -289,4 +292,5 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     decomps.update(nan_decompositions())
     decomps[aten.copysign.Tensor] = copysign
     decomps[aten.copysign.Scalar] = copysign
+    decomps.update(decompositions_ops.table(decomps))
     return decomps

@@ -10,13 +10,13 @@ PyTorch as it is. Asked only by lort.fusion.support.
 from __future__ import annotations
 
 import functools
-import math
 import operator
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.fx
+
+from ..translate import exact_scalars
 
 
 def _node_arg(node: torch.fx.Node, index: int, name: str, default: Any = None) -> Any:
@@ -215,38 +215,14 @@ def table() -> dict:
     }
 
 
-def float64_scalar_reason(node: torch.fx.Node) -> str | None:
-    """A node of a float64 graph with a Python float argument that float32 cannot hold
-    exactly stays in PyTorch: the translation makes such scalars float32 constants
-    (mul.Tensor(x, 3.14) and leaky_relu(x, 0.1) on float64 were off by float32
-    rounding, 1.8e-7 absolute), whether the schema types them Tensor or Scalar."""
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return None
-    tensors = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
-    flat = [t for v in tensors for t in (v if isinstance(v, (tuple, list)) else [v])]
-    if not any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in flat):
-        return None
-    for i, arg in enumerate(target._schema.arguments):
-        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-        if (
-            isinstance(value, float)
-            and math.isfinite(value)
-            and float(np.float32(value)) != value
-        ):
-            return (
-                f"float64 graph: the translation makes its float argument {arg.name}={value!r} a "
-                f"float32 constant, which would round it"
-            )
-    return None
-
-
 def reason(node: torch.fx.Node) -> str | None:
     """Why torch_lib's translation of ``node`` would be wrong, or None."""
     wrong = table().get(node.target)
     if callable(wrong):
         wrong = wrong(node)
-    return wrong or float64_scalar_reason(node)
+    # A Python float of a float64 graph that the translation would round to float32
+    # (translate/exact_scalars.py translates the others exactly).
+    return wrong or exact_scalars.float64_scalar_reason(node)
 
 
 def always_wrong() -> set:

@@ -126,7 +126,7 @@ def _ort_dtype_reason(node: torch.fx.Node) -> Reason | None:
     types = _ort_kernel_types(op_type, provider)
     if not types or (TABLE[val.dtype].ort_name if val.dtype in SUPPORTED_DTYPES else "") in types:
         return None
-    return Reason(ReasonKind.DTYPE, f"ORT's {provider} has no {op_type} kernel for {val.dtype} (its translation needs one)")
+    return Reason(ReasonKind.NO_KERNEL, f"ORT's {provider} has no {op_type} kernel for {val.dtype} (its translation needs one)")
 
 
 def unsupported_reason(node: torch.fx.Node) -> Reason | None:

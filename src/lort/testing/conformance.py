@@ -20,7 +20,7 @@ Each (op, dtype) gets one status:
   ``xpass`` when it did not fail.
 
 It also records how many ATen nodes of the captured graphs ran in ORT and why the others
-stayed in PyTorch (``fallback_kind`` groups lort's reason strings). Used by
+stayed in PyTorch (``fallback_kind`` labels each reason by its kind). Used by
 ``tests/test_conformance.py`` (a fixed sample of ops) and ``benchmarks/conformance.py``
 (every op, in worker processes: ``lort.testing.conformance_pool``).
 """
@@ -39,6 +39,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from ..reasons import Reason, ReasonKind
+
 #: The dtypes of the sweep, by name.
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
 #: Samples per op and dtype: the first ones ``op.sample_inputs`` gives.
@@ -55,7 +57,6 @@ UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "empty_permut
 #: Expected failures: (OpInfo name, dtype name or None for every dtype) -> reason. The
 #: fast test makes them strict xfails; the sweep reports them apart from new failures.
 XFAILS: dict[tuple[str, str | None], str] = {
-    ("logcumsumexp", "float64"): "its float64 gradient through lort is NaN where eager's is finite (not investigated yet)",
     ("topk", "int64"): (
         "ties: the int64 samples repeat values, and ORT's TopK returns other indices of equal "
         "values than PyTorch's (the values match; PyTorch does not specify the order of ties)"
@@ -115,11 +116,36 @@ FALLBACK_KINDS = (
     ("device", r"device"),
     ("no matching torch_lib overload", r"(?i)overload|dispatch|not supported|could not|no .*match"),
     ("ORT has no kernel for the dtype", r"^ORT's \w+ has no \w+ kernel for"),
+    ("float64 scalar float32 would round", r"^float64 graph: the translation makes its float argument"),
     ("known wrong (_known_wrong)", r"torch_lib|ORT|ONNX"),
 )
 
 
+#: The table's label of each ReasonKind (lort.reasons).
+KIND_LABELS = {
+    ReasonKind.NO_TRANSLATION: "no torch_lib translation",
+    ReasonKind.RANDOM: "random op",
+    ReasonKind.MUTATION: "mutates an input",
+    ReasonKind.ARGUMENT: "non-tensor argument or output",
+    ReasonKind.DTYPE: "unsupported dtype",
+    ReasonKind.NO_KERNEL: "ORT has no kernel for the dtype",
+    ReasonKind.NOT_ATEN: "not an ATen op",
+    ReasonKind.TRANSLATION_FAILED: "translation failed",
+    ReasonKind.GROUP_FAILED: "group failed",
+    ReasonKind.LEFT_ALONE: "views only",
+    ReasonKind.RUN_FAILED: "ran in PyTorch at run time",
+    ReasonKind.DEVICE: "device",
+    ReasonKind.KNOWN_WRONG: "known wrong (fusion/known_wrong.py)",
+    ReasonKind.SLOWER_IN_ORT: "timed faster in PyTorch",
+    ReasonKind.GRAPH_FASTER_IN_EAGER: "timed faster in PyTorch",
+}
+
+
 def fallback_kind(reason: str) -> str:
+    """The table's label of a reason: by its kind (a lort Reason); a plain string (from
+    a saved result) by the patterns of FALLBACK_KINDS."""
+    if isinstance(reason, Reason):
+        return KIND_LABELS.get(reason.kind, "other")
     for kind, pattern in FALLBACK_KINDS:
         if re.search(pattern, reason):
             return kind
@@ -381,4 +407,17 @@ def totals(results: list[Result]) -> dict[str, collections.Counter]:
 def mean_ort_share(results: list[Result]) -> float | None:
     """Mean over (op, dtype) results that captured ATen nodes of their share in ORT."""
     shares = [r.ort_share for r in results if r.ort_share is not None]
+    return sum(shares) / len(shares) if shares else None
+
+
+def mean_ort_share_without_views(results: list[Result]) -> float | None:
+    """``mean_ort_share`` with the nodes the fuser leaves to PyTorch as views only (by
+    design: a view in ORT is a copy, with no compute to gain) counted on neither side;
+    results left with no node do not count."""
+    shares = []
+    for r in results:
+        views = sum(n for (kind, _), n in r.fallbacks.items() if kind == "views only")
+        total = r.ort_nodes + r.torch_nodes - views
+        if total > 0:
+            shares.append(r.ort_nodes / total)
     return sum(shares) / len(shares) if shares else None

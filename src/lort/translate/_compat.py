@@ -77,7 +77,11 @@ def check_versions() -> None:
 def registry() -> Any:
     """torch_lib's ATen -> ONNX registry (built once; it takes about a second)."""
     check_versions()
-    return _ex_registration.ONNXRegistry.from_torchlib(OPSET)
+    from . import exact_scalars
+
+    reg = _ex_registration.ONNXRegistry.from_torchlib(OPSET)
+    exact_scalars.register(reg)
+    return reg
 
 
 def dispatch(node: torch.fx.Node) -> tuple[Callable | None, str]:

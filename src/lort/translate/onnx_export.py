@@ -59,13 +59,23 @@ def _io_names(model: ir.Model) -> tuple[list, list]:
 
 
 def _name_io(model: ir.Model) -> None:
-    """Stable input/output names: in_<i>, out_<i>."""
-    for i, v in enumerate(model.graph.inputs):
+    """Stable input/output names: in_<i>, out_<i>. An output that is not a fresh value
+    of its own (torch_lib translated the op to its input, as logsumexp of a 0-d tensor
+    or repeat by ones; or the same value twice; or an initializer) gets an Identity, so
+    that every output is a distinct value ORT writes."""
+    graph = model.graph
+    for i, v in enumerate(graph.inputs):
         v.name = f"in_{i}"
     seen = set()
-    for i, v in enumerate(model.graph.outputs):
-        if v in seen or v.is_graph_input():  # pragma: no cover - groups hold no pass-through outputs
-            raise TranslationError(f"group output {i} is not a fresh value")
+    for i, v in enumerate(list(graph.outputs)):
+        if v in seen or v.is_graph_input() or v.is_initializer():
+            copy = ir.node("Identity", [v], num_outputs=1)
+            graph.append(copy)
+            model.opset_imports.setdefault("", _compat.OPSET)
+            fresh = copy.outputs[0]
+            fresh.type, fresh.shape = v.type, v.shape
+            graph.outputs[i] = fresh
+            v = fresh
         seen.add(v)
         v.name = f"out_{i}"
 
