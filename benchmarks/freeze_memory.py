@@ -60,49 +60,7 @@ if sys.argv[5] == "cuda":  # issue 10's sizes (still run on CPU)
     from lort.testing.models import CUDA_CASES as CASES
 
 
-def status():
-    d = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                k, v = line.split(":", 1)
-                d[k] = int(v.split()[0]) * 1024
-    return d
-
-
-def reset_hwm():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    s = status()
-    return s["VmHWM"] <= s["VmRSS"] + (1 << 20)
-
-
-class Sampler:
-    # Fallback: VmRSS read every 1 ms from a background thread.
-    def __init__(self):
-        self.peak, self.stop = 0, False
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        while not self.stop:
-            self.peak = max(self.peak, status()["VmRSS"])
-            time.sleep(0.001)
-
-    def take(self):
-        now = status()["VmRSS"]
-        peak, self.peak = max(self.peak, now), now
-        return peak
-
-
-def trim():
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+from rss import Sampler, reset_hwm, status, trim
 
 
 gc.collect()

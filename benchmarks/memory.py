@@ -43,48 +43,8 @@ name, backend, steps, steady_from = sys.argv[1], sys.argv[2], int(sys.argv[3]), 
 force_sampling = sys.argv[5] == "1"
 
 
-def status():
-    d = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                k, v = line.split(":", 1)
-                d[k] = int(v.split()[0]) * 1024
-    return d
-
-
-def reset_hwm():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    s = status()
-    return s["VmHWM"] <= s["VmRSS"] + (1 << 20)
-
-
-class Sampler:
-    # Fallback: VmRSS read every 1 ms from a background thread.
-    def __init__(self):
-        self.peak = 0
-        self.stop = False
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        while not self.stop:
-            self.peak = max(self.peak, status()["VmRSS"])
-            time.sleep(0.001)
-
-    def take(self):
-        # The peak since the last take (and the current RSS).
-        now = status()["VmRSS"]
-        peak, self.peak = max(self.peak, now), now
-        return peak
-
-    def close(self):
-        self.stop = True
-        self.thread.join()
+sys.path.insert(0, sys.argv[6])
+from rss import Sampler, reset_hwm, status
 
 
 model, args = CASES[name].make(8, seed=0)
@@ -141,7 +101,8 @@ def measure(name, backend, steps, steady_from, sample=False):
     if backend == "lort":
         env["LORT_DISK_CACHE"] = "0"
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, name, backend, str(steps), str(steady_from), "1" if sample else "0"],
+        [sys.executable, "-c", CHILD, name, backend, str(steps), str(steady_from), "1" if sample else "0",
+         os.path.dirname(os.path.abspath(__file__))],
         env=env,
         capture_output=True,
         text=True,
