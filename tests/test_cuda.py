@@ -52,6 +52,7 @@ if _REASON:
 import onnx  # noqa: E402
 import onnx_ir as ir  # noqa: E402
 from test_run_fallback import _broken_fusion as broken_fusion  # noqa: E402
+from test_run_fallback import check_plain_model_runs  # noqa: E402
 from test_run_fallback import f as fallback_f  # noqa: E402
 from test_run_fallback import inputs as fallback_inputs  # noqa: E402
 from test_models import (  # noqa: E402
@@ -524,18 +525,7 @@ def test_fused_model_failing_at_first_run_falls_back_to_the_plain_one(monkeypatc
     """The issue's crash on CUDA (FusedMatMul with transBatchA on inputs of unequal
     ranks), as tests/test_run_fallback.py makes it: the plain model runs, no warning."""
     monkeypatch.setattr(onnx_export, "fuse_for_ort", broken_fusion)
-    x, w = _cuda_inputs()
-    backend = LortBackend({"executor": "ort", "fallback": "raise"})
-    runs = lort.stats.ort_runs
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        got = torch.compile(fallback_f, backend=backend)(x, w)
-        again = torch.compile(fallback_f, backend=backend)(x, w)
-    torch.testing.assert_close(got, fallback_f(x, w), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(again, fallback_f(x, w), rtol=1e-5, atol=1e-6)
-    (group,) = backend.records[0].group_modules.values()
-    assert group.executor == "ort" and group.fusions == {} and group.run_failure is None
-    assert lort.stats.ort_runs - runs >= 2
+    check_plain_model_runs(*_cuda_inputs())
 
 
 def test_session_failing_at_first_run_falls_back_with_one_warning(monkeypatch):

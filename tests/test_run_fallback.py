@@ -76,7 +76,12 @@ def _broken_fusion(model: ir.Model):
 
 def test_fused_model_failing_at_first_run_falls_back_to_the_plain_one(monkeypatch):
     monkeypatch.setattr(onnx_export, "fuse_for_ort", _broken_fusion)
-    x, w = inputs()
+    check_plain_model_runs(*inputs())
+
+
+def check_plain_model_runs(x, w):
+    """With fuse_for_ort patched to give a model that fails at its first run: the plain
+    model runs, with no warning, on both calls (tests/test_cuda.py runs it on CUDA)."""
     backend = LortBackend({"executor": "ort", "fallback": "raise"})
     before = lort.stats.ort_runs
     with warnings.catch_warnings():

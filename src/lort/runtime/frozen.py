@@ -69,8 +69,8 @@ class WeightGuard:
         self.tensors = list(tensors)
         self.versions = [t._version for t in tensors]
         self.ptrs = [t.data_ptr() for t in tensors]
-        self.samples = []  # (position in weights, numpy view, index, value)
-        self._views, self._where, self._values = [], [], []
+        # Sampled elements: position in weights, NumPy view, index, value when frozen.
+        self._sampled, self._views, self._where, self._values = [], [], [], []
         if self.sample:
             with unset_fake_temporarily():  # built while compiling, under FakeTensorMode
                 self._take_samples(tensors)
@@ -79,10 +79,10 @@ class WeightGuard:
         for k, t in enumerate(tensors):
             probe = _sample(t)
             if probe is not None:
-                self.samples.append((k, *probe))
-        self._views = [view for _, view, _, _ in self.samples]
-        self._where = [index for _, _, index, _ in self.samples]
-        self._values = [value for _, _, _, value in self.samples]
+                self._sampled.append(k)
+                self._views.append(probe[0])
+                self._where.append(probe[1])
+                self._values.append(probe[2])
 
     def changed(self, args) -> str | None:
         """The name of the first frozen weight that changed (``args``: the group's
@@ -100,7 +100,7 @@ class WeightGuard:
         for k, a in enumerate(picked):
             if a is not self.tensors[k] or a._version != self.versions[k] or a.data_ptr() != self.ptrs[k]:
                 return self.names[k]
-        for k, view, index, value in self.samples:
+        for k, view, index, value in zip(self._sampled, self._views, self._where, self._values):
             if view[index] != value:
                 return self.names[k]
         return None
