@@ -62,6 +62,9 @@ class WeightGuard:
         self._pick = operator.itemgetter(*self.indices) if len(self.indices) > 1 else (lambda a: (a[self.indices[0]],))
         self.names = [w.name for w in weights]
         self.sample = sample
+        #: Unchanged calls since ``reset`` (a weight that changes right after being frozen
+        #: again changes on every call: runtime/group.py then unfreezes).
+        self.calls_since_reset = 0
         self.reset([w.tensor for w in weights])
 
     def reset(self, tensors: list[torch.Tensor]) -> None:
@@ -69,7 +72,9 @@ class WeightGuard:
         self.tensors = list(tensors)
         self.versions = [t._version for t in tensors]
         self.ptrs = [t.data_ptr() for t in tensors]
-        # Sampled elements: position in weights, NumPy view, index, value when frozen.
+        self.calls_since_reset = 0
+        # Sampled elements: position in weights, reader (a memoryview or NumPy view over
+        # the weight's memory), index into it, value when frozen.
         self._sampled, self._views, self._where, self._values = [], [], [], []
         if self.sample:
             with unset_fake_temporarily():  # built while compiling, under FakeTensorMode
@@ -111,8 +116,10 @@ _DATA_PTR = torch.Tensor.data_ptr
 
 
 def _sample(t: torch.Tensor):
-    """(NumPy view over ``t``'s memory, index, value) of its largest element in
-    magnitude, or None for a tensor that cannot be read cheaply (CUDA, empty, bfloat16)."""
+    """(reader over ``t``'s memory, index, value) of its largest element in magnitude,
+    or None for a tensor that cannot be read cheaply (CUDA, empty, bfloat16). The reader
+    is a flat memoryview where Python's buffer protocol reads the dtype (indexing it is
+    about twice as fast as indexing NumPy), else the NumPy view with a tuple index."""
     if t.device.type != "cpu" or t.numel() == 0 or t.dtype == torch.bfloat16 or t.layout != torch.strided:
         return None
     view = t.detach().numpy()
@@ -124,5 +131,11 @@ def _sample(t: torch.Tensor):
         if not finite.any():
             return None
         flat = int(np.argmax(np.where(finite, magnitude, -1)))
+    if view.flags.c_contiguous:
+        try:
+            reader = memoryview(view.reshape(-1))
+            return reader, flat, reader[flat]
+        except NotImplementedError:  # a format memoryview cannot index (float16)
+            pass
     index = np.unravel_index(flat, view.shape)
     return view, index, view[index].copy()

@@ -81,9 +81,8 @@ class OrtGroup(torch.nn.Module):
             self._static_sessions.clear()
         #: (tensors, tf32) -> GroupSession with those weights frozen, or None.
         self.refreeze: Callable[[list, bool], GroupSession | None] | None = None
-        #: How many times the weights were frozen again, and the call count since the last.
+        #: How many times the weights were frozen again.
         self.refreezes = 0
-        self._calls_since_freeze = 0
         self._quick_changes = 0
 
     # The compile-time choices, for reports.
@@ -110,17 +109,19 @@ class OrtGroup(torch.nn.Module):
         changed; None once they are unfrozen (they then go to ORT as inputs)."""
         guard = self._guard
         sess = self._frozen_sessions.get(tf32)
-        if sess is not None and in_timing_run():
-            return sess  # clones of the weights, outputs discarded: not frozen again
         changed = guard.changed(args)
-        self._calls_since_freeze += 1
-        if changed is None and sess is not None:
-            return sess
+        if sess is not None:
+            if changed is None:
+                guard.calls_since_reset += 1
+                return sess
+            if in_timing_run():
+                return sess  # clones of the weights, outputs discarded: not frozen again
+        guard.calls_since_reset += 1
         tensors = [args[i] for i in guard.indices]
         if changed is not None:
             # A weight that changes on the calls right after being frozen again changes
             # on every call (a buffer the graph itself updates): it stays an input.
-            self._quick_changes = self._quick_changes + 1 if self._calls_since_freeze <= 1 else 0
+            self._quick_changes = self._quick_changes + 1 if guard.calls_since_reset <= 1 else 0
             if self._quick_changes >= 2:
                 self._unfreeze(f"{changed} changes on every call")
                 return None
@@ -133,7 +134,6 @@ class OrtGroup(torch.nn.Module):
             self.refreezes += 1
             logger.info("lort: %s: %s changed since it was frozen; frozen again", self.name, changed)
         guard.reset(tensors)
-        self._calls_since_freeze = 0
         self._frozen_sessions[tf32] = new
         return new
 
@@ -199,7 +199,8 @@ class OrtGroup(torch.nn.Module):
                 except Exception as e2:  # noqa: BLE001
                     error = e2
             return self._fall_back_at_run(args, error)
-        self._plain_bytes = None  # the fused model ran: nothing to fall back to
+        if self._plain_bytes is not None:  # (nn.Module's __setattr__ is slow: not every call)
+            self._plain_bytes = None  # the fused model ran: nothing to fall back to
         return outs
 
     def _step_back(self, error: Exception) -> bool:
