@@ -83,6 +83,35 @@ def test_freeze_false_keeps_weights_as_inputs(net):
     assert group.frozen == 0
 
 
+def _optimizer_changes(net, **options):
+    model, x = net
+    cm, backend = _compiled(model, record_ort_graph=True, **options)
+    _check(cm, model, x)
+    report = lort.ExplainReport(backend.records)
+    (group,) = report.groups
+    return group.ort_optimizer, str(report)
+
+
+def test_explain_shows_the_fusions_ort_applied_to_frozen_weights(net):
+    """ORT's NCHWc convolution (and the folding of the batch norm into it) needs the
+    filter as a constant initializer: with frozen weights ORT rewrites the conv, with
+    the weights as inputs it cannot, and the report says which."""
+    frozen, text = _optimizer_changes(net)
+    assert any(d > 0 and "Conv" in op for op, d in frozen.items()), frozen
+    assert frozen.get("Conv", 0) < 0 and frozen.get("BatchNormalization", 0) <= 0, frozen
+    assert "ORT's optimizer: +" in text
+    as_inputs, _ = _optimizer_changes(net, freeze=False)
+    assert not any(d > 0 and "Conv" in op for op, d in as_inputs.items()), as_inputs
+
+
+def test_lort_explain_records_ort_fusions(net):
+    model, x = net
+    with torch.no_grad():
+        report = lort.explain(model, x)
+    assert any(g.ort_optimizer for g in report.groups)
+    assert "ORT's optimizer:" in str(report)
+
+
 def _in_place(model):
     with torch.no_grad():
         model.conv.weight.mul_(1.5)

@@ -117,6 +117,11 @@ class Options:
     cache_max_mb: int = 1024
     #: A directory to write every translated group's ONNX model to, or None.
     save_onnx: str | None = None
+    #: Record, per group, how ORT's own optimizer changed the graph it runs (ops it added,
+    #: such as FusedConv, and ops it removed, such as a BatchNormalization folded into a
+    #: convolution). Builds each group's session a second time to read the optimized
+    #: graph, so it is off except in lort.explain.
+    record_ort_graph: bool = False
     #: lort.ORTModule: how many input schemas (structure, dtypes, constants, train/eval,
     #: ...) keep their compiled graphs; the least recently used is dropped first.
     schema_cache_size: int = 8

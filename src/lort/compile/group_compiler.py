@@ -23,7 +23,7 @@ from ..options import Options
 from ..reasons import Placement
 from ..runtime import cuda
 from ..runtime.compiled import Boundary, CompiledGroup, spec_key
-from ..runtime.session import GroupSession, OutputSpec
+from ..runtime.session import GroupSession, OutputSpec, optimizer_changes
 from ..translate import onnx_export
 from . import disk_cache, freezing
 from .layout import dense_perm, inverse, is_symbolic, needs_restride, physical_graph, static_shape
@@ -125,6 +125,7 @@ class GroupCompiler:
                 executor, executor_times = self._choose_executor(
                     name, gm, b, sess, feeds, ort_feeds, model_bytes, threads, thread_times
                 )
+        ort_optimizer = self._ort_optimizer(model_bytes, device, threads, tf32) if executor == Placement.ORT else {}
         if frozen:
             self._save_onnx(name, model_bytes)
             # What runs if the weights are unfrozen: the plain model, weights as inputs.
@@ -138,7 +139,7 @@ class GroupCompiler:
             # A group that runs in PyTorch never runs its session: its memory goes.
             session=sess if executor == Placement.ORT else None, session_key=key,
             frozen=frozen if executor == Placement.ORT else (), freeze_sample=self.options.freeze == "auto",
-            kept_inputs=kept,
+            kept_inputs=kept, ort_optimizer=ort_optimizer,
         )
         if not frozen:
             self._save_onnx(name, compiled.model_bytes)
@@ -156,7 +157,7 @@ class GroupCompiler:
         def refreeze(tensors: list, tf32: bool) -> GroupSession | None:
             start = time.perf_counter()
             try:
-                sess = self._frozen_session(
+                sess, _ = self._frozen_session(
                     compiled.model_bytes, bool(compiled.fusions), compiled.frozen, tensors, compiled.device,
                     b.outputs, name, compiled.threads, tf32,
                 )
@@ -182,7 +183,7 @@ class GroupCompiler:
     def _frozen_session(self, plain_bytes, fused, frozen, tensors, device, outputs, name, threads, tf32):
         """A session of the plain model ``plain_bytes`` with ``frozen`` weights as
         initializers holding ``tensors`` (theirs when None), ORT-fused when ``fused``
-        (the plain frozen model where ORT refuses the fused one)."""
+        (the plain frozen model where ORT refuses the fused one), and the model it runs."""
         options = self.options if fused else dataclasses.replace(self.options, ort_fusions=False)
         models = freezing.candidates(onnx_export.deserialize(plain_bytes), frozen, options, tensors)
         for i, make in enumerate(models):
@@ -190,11 +191,21 @@ class GroupCompiler:
             if made is None:
                 continue
             try:
-                return GroupSession(made[0], device, outputs, self.options, name, threads, tf32=tf32)
+                return GroupSession(made[0], device, outputs, self.options, name, threads, tf32=tf32), made[0]
             except SessionCreationError:
                 if i == len(models) - 1:
                     raise
         raise AssertionError("unreachable")
+
+    def _ort_optimizer(self, model_bytes: bytes, device, threads: int, tf32: bool) -> dict[str, int]:
+        """With Options.record_ort_graph: how ORT's optimizer changes the group's graph."""
+        if not self.options.record_ort_graph:
+            return {}
+        try:
+            return optimizer_changes(model_bytes, device, self.options, threads, tf32)
+        except Exception as e:  # noqa: BLE001 - a diagnostic: never fails the compile
+            logger.info("lort: could not read ORT's optimized graph (%s)", e)
+            return {}
 
     def _max_threads(self) -> int:
         return self.options.intra_op_num_threads or torch.get_num_threads()
@@ -236,18 +247,23 @@ class GroupCompiler:
             threads = int(meta["threads"])
             fusions = dict(meta["fusions"])
             # A group timed faster in PyTorch never runs its session: none is built.
+            ort_optimizer = {}
             if executor != Placement.ORT:
                 sess, frozen = None, ()
             elif frozen:
-                sess = self._frozen_session(model_bytes, bool(fusions), frozen, None, device, outputs, name, threads, tf32)
+                sess, run_bytes = self._frozen_session(
+                    model_bytes, bool(fusions), frozen, None, device, outputs, name, threads, tf32
+                )
+                ort_optimizer = self._ort_optimizer(run_bytes, device, threads, tf32)
             else:
                 sess = GroupSession(model_bytes, device, outputs, self.options, name, threads, tf32=tf32)
+                ort_optimizer = self._ort_optimizer(model_bytes, device, threads, tf32)
             compiled = CompiledGroup(
                 **fields, model_bytes=model_bytes, fusions=fusions, threads=threads,
                 thread_times={int(k): v for k, v in meta["thread_times"].items()}, executor=executor,
                 executor_times=dict(meta["executor_times"]), run_failure=meta.get("run_failure"),
                 from_cache=True, session_key=key, session=sess, frozen=frozen,
-                freeze_sample=self.options.freeze == "auto", kept_inputs=kept,
+                freeze_sample=self.options.freeze == "auto", kept_inputs=kept, ort_optimizer=ort_optimizer,
             )
         except (KeyError, TypeError, ValueError, SessionCreationError) as e:
             logger.info("lort: %s: disk cache entry unusable (%s); translating", name, e)

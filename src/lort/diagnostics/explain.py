@@ -17,7 +17,9 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> ExplainReport:
     ``ort_nodes``, ``torch_nodes`` and ``fallbacks`` as (op, reason) pairs."""
     from ..backend import LortBackend
 
-    backend = LortBackend()
+    # ORT's own fusions show in the report: each group's session is built a second time
+    # to read the graph ORT optimized.
+    backend = LortBackend({"record_ort_graph": True})
     compiled = torch.compile(fn, backend=backend)
     out = compiled(*args, **kwargs)
     outs = [

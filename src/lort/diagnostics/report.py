@@ -38,6 +38,9 @@ class GroupInfo:
     #: and the weights that stayed inputs, counted by why.
     frozen: int = 0
     kept_inputs: dict = dataclasses.field(default_factory=dict)
+    #: How ORT's own optimizer changed the group's graph, per op type (nodes added > 0,
+    #: removed < 0); recorded by lort.explain (Options.record_ort_graph), else empty.
+    ort_optimizer: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -115,6 +118,7 @@ class GraphRecord:
                 executor_times=dict(mod.executor_times),
                 frozen=mod.frozen_count,
                 kept_inputs=dict(mod.compiled.kept_inputs),
+                ort_optimizer=dict(mod.compiled.ort_optimizer),
             )
             self.groups.append(info)
             if info.executor == Placement.PYTORCH:
@@ -240,6 +244,8 @@ class ExplainReport:
                     f"{g.name:<28} {g.num_nodes:>6} {g.num_inputs:>7} {g.frozen:>7} {g.num_outputs:>8} {threads:>8}  "
                     f"{fusions}{where}" + (f"  [{kept}]" if kept else "")
                 )
+                if g.ort_optimizer:
+                    lines.append(f"{'':<4}ORT's optimizer: {ort_optimizer_text(g.ort_optimizer)}")
         # A graph that runs whole in eager PyTorch has one reason for all its nodes: one line.
         eager_graphs = [r for r in self.records if r.executor == Placement.PYTORCH]
         fallbacks = [f for r in self.records if r.executor != Placement.PYTORCH for f in r.fallbacks]
@@ -258,3 +264,11 @@ class ExplainReport:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def ort_optimizer_text(changes: dict) -> str:
+    """"+FusedConv x20, -BatchNormalization x20, ...": ops ORT's optimizer added first,
+    then those it removed, most first."""
+    added = sorted(((op, d) for op, d in changes.items() if d > 0), key=lambda x: (-x[1], x[0]))
+    removed = sorted(((op, -d) for op, d in changes.items() if d < 0), key=lambda x: (-x[1], x[0]))
+    return ", ".join([f"+{op} x{d}" for op, d in added] + [f"-{op} x{d}" for op, d in removed])

@@ -73,6 +73,9 @@ class CompiledGroup:
     freeze_sample: bool = True
     #: Weights of the group that stayed inputs, by why.
     kept_inputs: dict = dataclasses.field(default_factory=dict)
+    #: How ORT's optimizer changed the graph of ``session`` (runtime/session.py's
+    #: optimizer_changes), recorded with Options.record_ort_graph; else empty.
+    ort_optimizer: dict = dataclasses.field(default_factory=dict)
 
 
 def spec_key(args, dynamic: bool, cuda: bool, tf32: bool = False) -> tuple:

@@ -213,6 +213,32 @@ def create_session(
     return session
 
 
+def optimizer_changes(
+    model_bytes: bytes, device: torch.device, options: Options, threads: int | None, tf32: bool = False
+) -> dict[str, int]:
+    """How ORT's optimizer changes ``model_bytes`` in a session like the group's: per op
+    type ("Conv", "com.microsoft:FusedConv"), how many more (> 0) or fewer (< 0) nodes
+    the optimized graph has. Builds a second session that writes its optimized graph to
+    a temporary directory (initializers to a file beside it, not read back)."""
+    import collections
+    import os
+    import tempfile
+
+    def ops(model: onnx.ModelProto) -> collections.Counter:
+        return collections.Counter(f"{n.domain}:{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
+
+    so = session_options(options, threads, quiet=True)
+    with tempfile.TemporaryDirectory(prefix="lort-ort-graph-") as tmp:
+        so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        ort.InferenceSession(model_bytes, sess_options=so, providers=providers.for_device(device, options.providers, tf32))
+        after = ops(onnx.load(so.optimized_model_filepath, load_external_data=False))
+    before = ops(onnx.load_from_string(model_bytes))
+    changes = {op: after[op] - before[op] for op in sorted(set(after) | set(before))}
+    return {op: d for op, d in changes.items() if d}
+
+
 class _FastBinding:
     """An IOBinding with its device resolved once.
 
