@@ -562,3 +562,54 @@ def test_session_failing_at_first_run_raises_when_asked(monkeypatch):
     assert isinstance(info.value, lort.SessionCreationError)
     # the device is still usable (the failure was no device-side assert)
     torch.testing.assert_close((x @ w).sum(), (x.cpu() @ w.cpu()).sum().to(DEVICE), rtol=1e-4, atol=1e-4)
+
+
+# -- frozen weights on CUDA (issue 13) --------------------------------------------------
+import test_freeze  # noqa: E402
+
+# .data and NumPy writes bump no version counter and CUDA tensors are not sampled, so
+# freeze=True does not see them on CUDA (the README says so); the other routes it sees.
+CUDA_ROUTES = [r for r in test_freeze.ROUTES if r not in (test_freeze._data_write, test_freeze._numpy_write)]
+
+
+def _check_fp32(cm, model, x):
+    """With TF32 off for convolutions and matmuls (the check of FP32_RTOL above)."""
+    with torch.backends.cudnn.flags(allow_tf32=False), torch.no_grad():
+        matmul = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            out_l, out_e = cm(x), model(x)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = matmul
+    assert _rel(out_l, out_e) <= FP32_RTOL, f"{_rel(out_l, out_e):.3g} from eager float32"
+
+
+def _cuda_net():
+    torch.manual_seed(0)
+    model = test_freeze.Net().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 1.5)
+    return model.to(DEVICE), torch.randn(2, 3, 8, 8, device=DEVICE)
+
+
+def test_freeze_auto_keeps_cuda_weights_as_inputs():
+    model, x = _cuda_net()
+    cm, backend = test_freeze._compiled(model)
+    _check_fp32(cm, model, x)
+    (group,) = lort.ExplainReport(backend.records).groups
+    assert group.frozen == 0
+    assert any("freeze=True freezes it" in why for why in group.kept_inputs), group.kept_inputs
+
+
+@pytest.mark.parametrize("route", CUDA_ROUTES, ids=lambda f: f.__name__.strip("_"))
+def test_freeze_true_on_cuda_sees_weight_changes(route):
+    model, x = _cuda_net()
+    cm, backend = test_freeze._compiled(model, freeze=True)
+    _check_fp32(cm, model, x)
+    (group,) = lort.ExplainReport(backend.records).groups
+    assert group.frozen == 8
+    route(model)
+    _check_fp32(cm, model, x)
+    _check_fp32(cm, model, x)
+    assert sum(m.frozen_count for m in test_freeze._groups(backend)) > 0

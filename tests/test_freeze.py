@@ -321,3 +321,22 @@ def test_a_replaced_parameter_is_not_kept_alive_by_lort(net):
     _check(cm, model, x)
     gc.collect()
     assert old() is None
+
+
+def test_auto_freezes_only_what_it_can_sample():
+    """freeze="auto" guards writes behind the version counter by sampling an element in
+    CPU memory; a weight elsewhere (a meta tensor stands in for CUDA here; tests/test_cuda.py
+    runs the real case) stays an input under "auto", with the reason, and is frozen with
+    freeze=True."""
+    from lort.compile import freezing
+    from lort.runtime.compiled import Boundary
+
+    meta = torch.device("meta")
+    weights = {0: ("fc.weight", torch.empty(4, 4, device=meta))}
+    boundary = Boundary(in_perms=(None, None), out_inverse=(None,), restride=(None,), outputs=(), dynamic=False)
+    frozen, kept = freezing.choose(weights, boundary, meta, auto=True)
+    assert frozen == () and len(kept) == 1
+    (why,) = kept
+    assert "freeze='auto' cannot see writes" in why and "freeze=True freezes it" in why
+    frozen, kept = freezing.choose(weights, boundary, meta, auto=False)
+    assert [w.name for w in frozen] == ["fc.weight"] and kept == {}

@@ -136,9 +136,10 @@ class Options:
     #: data pointer and version counter (in-place ops, optimizer steps, load_state_dict,
     #: buffer updates, a new Parameter or ``p.data = t``), and with "auto" also one
     #: sampled element of each CPU tensor (catches most writes through ``p.data`` or
-    #: NumPy, which bump no version); a change re-freezes with the new values.
-    #: True skips the sampled element; False keeps weights as inputs. Env LORT_FREEZE
-    #: (auto, 1, 0).
+    #: NumPy, which bump no version); a change re-freezes with the new values. "auto"
+    #: freezes only what it can sample: weights in CUDA memory stay inputs. True freezes
+    #: on every device and skips the sampled element; False keeps weights as inputs.
+    #: Env LORT_FREEZE (auto, 1, 0).
     freeze: "str | bool" = dataclasses.field(default_factory=_env_freeze)
 
     def __post_init__(self) -> None:

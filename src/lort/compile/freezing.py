@@ -20,10 +20,13 @@ logger = logging.getLogger("lort")
 
 
 def choose(
-    weights: dict[int, tuple[str, torch.Tensor]] | None, boundary: Boundary, device: torch.device
+    weights: dict[int, tuple[str, torch.Tensor]] | None, boundary: Boundary, device: torch.device,
+    auto: bool = False,
 ) -> tuple[tuple[FrozenWeight, ...], dict[str, int]]:
     """The weights among a group's inputs (``weights``: input index -> (name, tensor))
-    that can be frozen, and how many stay inputs, by why."""
+    that can be frozen, and how many stay inputs, by why. ``auto`` (freeze="auto")
+    freezes only the weights the run-time check can guard against writes that bypass
+    the version counter: those in CPU memory, where it samples an element."""
     frozen, kept = [], {}
     for i, (name, t) in sorted((weights or {}).items()):
         why = None
@@ -31,6 +34,11 @@ def choose(
             why = "enters the group in a permuted layout"
         elif t.device != device:
             why = f"is on {t.device}, the group on {device}"
+        elif auto and t.device.type != "cpu":
+            why = (
+                f"is on {t.device.type}, where freeze='auto' cannot see writes that bypass the version "
+                "counter (p.data, DLPack); freeze=True freezes it"
+            )
         elif t.dtype not in SUPPORTED_DTYPES:
             why = f"has dtype {t.dtype} (no NumPy type to embed it with)"
         elif t.layout != torch.strided or t.is_sparse:

@@ -78,7 +78,7 @@ class GroupCompiler:
         times = {} if times is None else times
         b, phys_gm = boundary(gm)
         device = _device(gm)
-        frozen, kept = freezing.choose(weights, b, device)
+        frozen, kept = freezing.choose(weights, b, device, auto=self.options.freeze == "auto")
         # The ONNX model's inputs (physical layouts): sessions and ORT timing use these.
         metas = [n.meta.get("val") for n in phys_gm.graph.nodes if n.op == "placeholder"]
         fields = dict(name=name, gm=gm, where=_where(gm, where), device=device, boundary=b, prepare_times=times)
