@@ -104,12 +104,14 @@ def test_explain_shows_the_fusions_ort_applied_to_frozen_weights(net):
     assert not any(d > 0 and "Conv" in op for op, d in as_inputs.items()), as_inputs
 
 
-def test_lort_explain_records_ort_fusions(net):
+def test_lort_explain_records_ort_fusions(net, tmp_path):
     model, x = net
     with torch.no_grad():
         report = lort.explain(model, x)
     assert any(g.ort_optimizer for g in report.groups)
     assert "ORT's optimizer:" in str(report)
+    report.save_html(str(tmp_path / "report.html"))
+    assert "ORT's optimizer:" in (tmp_path / "report.html").read_text()
 
 
 def _in_place(model):

@@ -18,7 +18,7 @@ from ..reasons import Placement
 from . import html_graph, html_svg
 from .html_graph import DrawnGraph, Unit, short_op
 from .html_svg import fmt_time
-from .report import ExplainReport, GraphRecord
+from .report import ExplainReport, GraphRecord, ort_optimizer_text
 
 LAYOUTS = ("auto", "dot", "networkx")
 
@@ -230,6 +230,8 @@ def _group_row(unit: Unit) -> str:
         t = html_svg.group_time(unit)
         times = fmt_time(t) if t is not None else '<span class="muted">not timed</span>'
     fusions = ", ".join(f"{html.escape(k)} ×{v}" for k, v in g.fusions.items()) or '<span class="muted">-</span>'
+    if g.ort_optimizer:
+        fusions += f'<br><span class="muted">ORT\'s optimizer:</span> {html.escape(ort_optimizer_text(g.ort_optimizer))}'
     cache = {True: "yes", False: "no", None: '<span class="muted">-</span>'}[unit.from_cache]
     top = ", ".join(f"{short_op(op)} ×{c}" for op, c in unit.ops.most_common(3))
     hist = "".join(f"<li>{c} × <code>{html.escape(short_op(op))}</code></li>" for op, c in unit.ops.most_common())
