@@ -50,6 +50,10 @@ class Tuner:
     group_pytorch_margin: float = 0.9
     #: A whole graph runs in eager PyTorch when eager's time is below this x lort's.
     graph_eager_margin: float = 1.0
+    #: A group runs on one ORT thread only when its time there is below this x its time
+    #: with all threads: choices are cached on disk, and a sample taken while the machine
+    #: was busy must not pin a compute-heavy group to one thread for good.
+    thread_margin: float = 0.9
     #: A group whose run takes longer than this with all threads is not timed with one.
     parallel_work_s: float = 0.02
     #: Whole-graph timing budget per candidate, in seconds, and samples per candidate.
@@ -70,7 +74,7 @@ class Tuner:
             times[n] = self.time_session(model_bytes, device, options, n, feeds)
             if times[n] is None or times[n] > self.parallel_work_s:
                 break  # enough work to use every thread (or no measurement possible)
-        if times.get(1) is not None and times[1] < times[threads]:
+        if times.get(1) is not None and times[1] < self.thread_margin * times[threads]:
             threads = 1
         return threads, times
 
