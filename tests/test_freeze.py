@@ -342,3 +342,29 @@ def test_auto_freezes_only_what_it_can_sample():
     assert "freeze='auto' cannot see writes" in why and "freeze=True freezes it" in why
     frozen, kept = freezing.choose(weights, boundary, meta, auto=False)
     assert [w.name for w in frozen] == ["fc.weight"] and kept == {}
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.full((3, 4), float("nan")),  # no finite element: the first is sampled, by its bits
+        torch.tensor([1.0, float("inf"), -5.0]),
+        torch.randn(3, 4).half(),
+        torch.randn(3, 4).bfloat16(),
+        torch.randn(4, 3).t(),  # not contiguous: read through NumPy
+        torch.arange(6) - 2,
+        torch.arange(1, 7, dtype=torch.uint8),
+    ],
+    ids=["all-nan", "inf", "float16", "bfloat16", "transposed", "int64", "uint8"],
+)
+def test_the_sampled_element_sees_a_write_behind_the_version_counter(tensor):
+    from lort.runtime.frozen import FrozenWeight, WeightGuard
+
+    guard = WeightGuard((FrozenWeight(0, "w", tensor),), sample=True)
+    assert guard.changed([tensor]) is None
+    version = tensor._version
+    tensor.data.fill_(7)  # through .data: no version bump
+    assert tensor._version == version
+    assert guard.changed([tensor]) == "w"
+    guard.reset([tensor])
+    assert guard.changed([tensor]) is None

@@ -115,27 +115,31 @@ _VERSION = operator.attrgetter("_version")
 _DATA_PTR = torch.Tensor.data_ptr
 
 
+#: Floating dtypes are sampled through an integer view of their bits: exact, NaN-safe,
+#: and readable by a memoryview (which cannot index float16 or bfloat16).
+_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
+
+
 def _sample(t: torch.Tensor):
-    """(reader over ``t``'s memory, index, value) of its largest element in magnitude,
-    or None for a tensor that cannot be read cheaply (CUDA, empty, bfloat16). The reader
-    is a flat memoryview where Python's buffer protocol reads the dtype (indexing it is
-    about twice as fast as indexing NumPy), else the NumPy view with a tuple index."""
-    if t.device.type != "cpu" or t.numel() == 0 or t.dtype == torch.bfloat16 or t.layout != torch.strided:
+    """(reader over ``t``'s memory, index, value) of its largest finite element in
+    magnitude (the first where none is finite; the first of a bool tensor), or None for a tensor that cannot
+    be read cheaply (not in CPU memory, empty, not strided, complex). The value is the
+    element's bits for floating dtypes. The reader is a flat memoryview (indexing it is
+    about twice as fast as indexing NumPy), or the NumPy view with a tuple index where
+    the tensor is not contiguous."""
+    if t.device.type != "cpu" or t.numel() == 0 or t.layout != torch.strided or t.is_complex():
         return None
-    view = t.detach().numpy()
-    if view.dtype == np.bool_:
-        flat = 0
-    else:
-        magnitude = np.abs(view)
-        finite = np.isfinite(magnitude)
-        if not finite.any():
-            return None
-        flat = int(np.argmax(np.where(finite, magnitude, -1)))
+    d = t.detach()
+    flat = 0
+    if d.is_floating_point():
+        magnitude = d.abs() if d.dtype in (torch.float32, torch.float64) else d.abs().float()
+        flat = int(torch.where(torch.isfinite(magnitude), magnitude, -1).reshape(-1).argmax())
+        d = d.view(_BITS[d.dtype])
+    elif d.dtype != torch.bool:
+        flat = int(d.abs().reshape(-1).argmax()) if d.is_signed() else int(d.reshape(-1).argmax())
+    view = d.numpy()
     if view.flags.c_contiguous:
-        try:
-            reader = memoryview(view.reshape(-1))
-            return reader, flat, reader[flat]
-        except NotImplementedError:  # a format memoryview cannot index (float16)
-            pass
+        reader = memoryview(view.reshape(-1))
+        return reader, flat, reader[flat]
     index = np.unravel_index(flat, view.shape)
     return view, index, view[index].copy()
