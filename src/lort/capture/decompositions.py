@@ -19,6 +19,8 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
   select after the op, so ORT's results follow PyTorch's on inputs with NaN (below).
 * single ops whose translation fails on some inputs (reductions of 0-d tensors, ...):
   ``decompositions_ops``.
+* indexing ops torch_lib has no translation for (searchsorted, diagonal_scatter,
+  index_reduce): ``decompositions_indexing``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 
 from ..fusion import support
 from ..translate import _compat
-from . import decompositions_ops
+from . import decompositions_indexing, decompositions_ops
 
 aten = torch.ops.aten
 
@@ -293,4 +295,5 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     decomps[aten.copysign.Tensor] = copysign
     decomps[aten.copysign.Scalar] = copysign
     decomps.update(decompositions_ops.table(decomps))
+    decomps.update(decompositions_indexing.table())
     return decomps
