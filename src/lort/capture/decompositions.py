@@ -21,6 +21,8 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
   ``decompositions_ops``.
 * indexing ops torch_lib has no translation for (searchsorted, diagonal_scatter,
   index_reduce): ``decompositions_indexing``.
+* lgamma, digamma and polygamma (no ONNX op) as PyTorch's CPU algorithms in elementwise
+  ops: ``decompositions_special``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 
 from ..fusion import support
 from ..translate import _compat
-from . import decompositions_indexing, decompositions_ops
+from . import decompositions_indexing, decompositions_ops, decompositions_special
 
 aten = torch.ops.aten
 
@@ -296,4 +298,5 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     decomps[aten.copysign.Scalar] = copysign
     decomps.update(decompositions_ops.table(decomps))
     decomps.update(decompositions_indexing.table())
+    decomps.update(decompositions_special.table())
     return decomps
