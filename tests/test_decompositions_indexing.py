@@ -183,3 +183,54 @@ def test_index_reduce_through_lort(dtype):
         g_exp = torch.autograd.grad([o * cotangent for o in expected], (x, source), [torch.ones(5, 3, dtype=dtype)] * 8)
         for g, e in zip(g_got, g_exp):
             torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_cummax_cummin_equal_aten(dtype):
+    """Values, signs of zeros and indices (NaN, ties) exactly as eager's."""
+    g = torch.Generator().manual_seed(0)
+    pairs = ((torch.cummax, di._cumulative_extremum(True)), (torch.cummin, di._cumulative_extremum(False)))
+    for trial in range(120):
+        shape = [int(v) for v in torch.randint(1, 6, (int(torch.randint(1, 4, (), generator=g)),), generator=g)]
+        x = torch.randint(-3, 4, shape, generator=g).to(dtype)
+        if dtype.is_floating_point:
+            x = x * 0.5
+            x[torch.rand(shape, generator=g) < 0.15] = math.nan
+            x[torch.rand(shape, generator=g) < 0.2] = -0.0
+            x[torch.rand(shape, generator=g) < 0.1] = math.inf if trial % 2 else -math.inf
+        for dim, (eager, mine) in itertools.product(range(-len(shape), len(shape)), pairs):
+            e_values, e_indices = eager(x, dim)
+            values, indices = mine(x, dim)
+            torch.testing.assert_close(indices, e_indices, rtol=0, atol=0)
+            torch.testing.assert_close(values, e_values, rtol=0, atol=0, equal_nan=True)
+            assert torch.equal(torch.signbit(values), torch.signbit(e_values))
+    for eager, mine in pairs:
+        x = torch.tensor(-0.0, dtype=dtype)
+        assert [torch.equal(a, b) for a, b in zip(mine(x, 0), eager(x, 0))] == [True, True]
+
+
+def test_cummax_long_dimensions_are_left_alone():
+    assert di._cumulative_extremum(True)(torch.zeros(di.CUMULATIVE_MAX_LENGTH + 1), 0) is NotImplemented
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_cummax_cummin_through_lort(dtype):
+    x = torch.tensor([[1.0, 3.0, 3.0, -2.0, 5.0], [0.0, -0.0, math.nan, 4.0, math.nan]]).to(dtype)
+    if not dtype.is_floating_point:
+        x = torch.tensor([[1, 3, 3, -2, 5], [0, 7, 7, -9, 2]])
+    if dtype.is_floating_point:
+        x.requires_grad_()
+
+    def f(x):
+        return torch.cummax(x, 1), torch.cummin(x, 0)
+
+    got, expected, backend = _through_lort(f, x)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.values, e.values, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(g.indices, e.indices, rtol=0, atol=0)
+    _all_in_ort(backend)
+    if dtype.is_floating_point:
+        cotangent = torch.randn(2, 5, dtype=dtype)
+        g_got = torch.autograd.grad((got[0].values * cotangent).nansum() + got[1].values.nansum(), x)[0]
+        g_exp = torch.autograd.grad((expected[0].values * cotangent).nansum() + expected[1].values.nansum(), x)[0]
+        torch.testing.assert_close(g_got, g_exp, rtol=0, atol=0)

@@ -10,9 +10,13 @@ exactly (registered by ``decompositions.table``):
   count, divided as PyTorch's kernel divides (floor division for integers), since
   torch_lib's scatter_reduce has no 'mean'; float amax/amin get PyTorch's NaN
   propagation back (ORT's ScatterElements max/min do not propagate NaN).
+* ``cummax`` / ``cummin`` along a dimension of up to ``CUMULATIVE_MAX_LENGTH`` as
+  comparisons of all pairs, with the indices PyTorch's loop gives (NaN, ties).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -133,4 +137,51 @@ def table() -> dict:
         aten.searchsorted.Tensor: searchsorted,
         aten.diagonal_scatter.default: diagonal_scatter,
         aten.index_reduce.default: index_reduce,
+        aten.cummax.default: _cumulative_extremum(True),
+        aten.cummin.default: _cumulative_extremum(False),
     }
+
+
+#: The longest dimension cummax/cummin compare all pairs of (L * L per row) along.
+CUMULATIVE_MAX_LENGTH = 1024
+
+
+def _cumulative_extremum(greater_equal: bool):
+    """cummax (greater_equal) / cummin as PyTorch's CPU loop decides, written over all
+    pairs j <= i: the index is the last NaN up to i if there is one, else the last j <= i
+    holding the extremum of x[:i + 1] (ties go to the later index, as the loop's >= / <=
+    does), and the value is x at that index (so -0.0 and 0.0 come out as eager's)."""
+
+    def decomposition(x, dim):
+        if x.dtype == torch.bool or x.dtype.is_complex:
+            return NotImplemented
+        if x.dim() == 0:
+            return aten.clone.default(x), aten.zeros.default([], dtype=torch.int64, device=x.device)
+        d = dim % x.dim()
+        length = x.shape[d]
+        if length == 0 or length > CUMULATIVE_MAX_LENGTH or x.numel() * length > 2**24:
+            return NotImplemented
+        moved = aten.movedim.int(x, d, -1)  # (..., L)
+        row = aten.unsqueeze.default(moved, -2)  # x_j along the last dim, (..., 1, L)
+        positions = aten.arange.default(length, dtype=torch.int64, device=x.device)
+        up_to = aten.le.Tensor(aten.unsqueeze.default(positions, 0), aten.unsqueeze.default(positions, 1))  # [i, j]: j <= i
+        if x.dtype.is_floating_point:
+            fill = -math.inf if greater_equal else math.inf
+        else:
+            info = torch.iinfo(x.dtype)
+            fill = info.min if greater_equal else info.max
+        masked = aten.where.self(up_to, row, aten.scalar_tensor.default(fill, dtype=x.dtype, device=x.device))
+        reduce = aten.amax.default if greater_equal else aten.amin.default
+        extremum = aten.unsqueeze.default(reduce(masked, [-1]), -1)  # (..., L, 1)
+        none = aten.scalar_tensor.default(-1, dtype=torch.int64, device=x.device)
+        hits = aten.logical_and.default(up_to, aten.eq.Tensor(row, extremum))
+        index = aten.amax.default(aten.where.self(hits, positions, none), [-1])
+        if x.dtype.is_floating_point:
+            nans = aten.logical_and.default(up_to, aten.isnan.default(row))
+            last_nan = aten.amax.default(aten.where.self(nans, positions, none), [-1])
+            index = aten.where.self(aten.ge.Scalar(last_nan, 0), last_nan, index)
+        values = aten.gather.default(moved, -1, index)
+        return aten.movedim.int(values, -1, d), aten.movedim.int(index, -1, d)
+
+    decomposition.__name__ = "cummax" if greater_equal else "cummin"
+    return decomposition
