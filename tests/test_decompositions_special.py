@@ -1,8 +1,9 @@
-"""lort's lgamma, digamma and polygamma (lort.capture.decompositions_special) against
-eager PyTorch within the conformance sweep's tolerances (float32 rtol 1.3e-4 / atol 1e-4,
-float64 1e-7): the decompositions themselves on PyTorch's edge values (zeros of both
-signs, negative integers, inf, NaN, tiny and huge x) and random ones, and the ops through
-lort (values and gradients) with every node in ORT."""
+"""lort's lgamma, digamma, polygamma (lort.capture.decompositions_special) and Bessel
+functions j0, j1, y0, y1, spherical j0 (decompositions_bessel) against eager PyTorch within the
+conformance sweep's tolerances (float32 rtol 1.3e-4 / atol 1e-4, float64 1e-7): the
+decompositions themselves on PyTorch's edge values (zeros of both signs, negative
+integers, inf, NaN, tiny and huge x) and random ones, and the ops through lort (values,
+and gradients where the op has them) with every node in ORT."""
 
 import math
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from lort.backend import LortBackend
+from lort.capture import decompositions_bessel as db
 from lort.capture import decompositions_special as ds
 
 TOLERANCES = {torch.float32: (1.3e-4, 1e-4), torch.float64: (1e-7, 1e-7)}
@@ -99,5 +101,45 @@ def test_through_lort(name, dtype):
     g_got = torch.autograd.grad(got, finite, cotangent)[0]
     g_exp = torch.autograd.grad(expected, finite, cotangent)[0]
     _close(g_got, g_exp, dtype)
+    fallbacks = [f for record in backend.records for f in record.fallbacks]
+    assert not fallbacks, fallbacks
+
+
+BESSEL = {
+    "bessel_j0": (db.bessel_j0, torch.special.bessel_j0),
+    "bessel_j1": (db.bessel_j1, torch.special.bessel_j1),
+    "bessel_y0": (db.bessel_y0, torch.special.bessel_y0),
+    "bessel_y1": (db.bessel_y1, torch.special.bessel_y1),
+    "spherical_bessel_j0": (db.spherical_bessel_j0, torch.special.spherical_bessel_j0),
+}
+BESSEL_EDGES = [0.0, -0.0, 1e-6, -1e-6, 5.0, -5.0, 4.9999, 5.0001, 0.5, -0.5, 0.49999, 1e-30, 1e10, -1e10, 1e30,
+                math.inf, -math.inf, math.nan]
+
+
+def _bessel_inputs(dtype):
+    g = torch.Generator().manual_seed(0)
+    return torch.cat([
+        torch.tensor(BESSEL_EDGES, dtype=torch.float64),
+        (torch.rand(3000, generator=g, dtype=torch.float64) - 0.5) * 60,
+        torch.randn(500, generator=g, dtype=torch.float64) * 1e4,
+    ]).to(dtype)
+
+
+@pytest.mark.parametrize("name", list(BESSEL))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bessel_equals_aten(name, dtype):
+    mine, eager = BESSEL[name]
+    x = _bessel_inputs(dtype)
+    _close(mine(x), eager(x), dtype)
+    ints = torch.arange(-12, 12)
+    _close(mine(ints), eager(ints), torch.float32)
+
+
+@pytest.mark.parametrize("name", list(BESSEL))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bessel_through_lort(name, dtype):
+    x = _bessel_inputs(dtype)
+    got, expected, backend = _through_lort(BESSEL[name][1], x)
+    _close(got, expected, dtype)
     fallbacks = [f for record in backend.records for f in record.fallbacks]
     assert not fallbacks, fallbacks
