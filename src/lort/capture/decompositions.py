@@ -20,9 +20,11 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
 * single ops whose translation fails on some inputs (reductions of 0-d tensors, ...):
   ``decompositions_ops``.
 * indexing ops torch_lib has no translation for (searchsorted, diagonal_scatter,
-  index_reduce): ``decompositions_indexing``.
+  index_reduce, cummax/cummin): ``decompositions_indexing``.
 * lgamma, digamma and polygamma (no ONNX op) as PyTorch's CPU algorithms in elementwise
-  ops: ``decompositions_special``.
+  ops: ``decompositions_special``; Bessel j0, j1, y0, y1 and spherical j0:
+  ``decompositions_bessel``.
+* linalg_solve_triangular as substitution steps: ``decompositions_linalg``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,13 @@ import torch
 
 from ..fusion import support
 from ..translate import _compat
-from . import decompositions_indexing, decompositions_ops, decompositions_special
+from . import (
+    decompositions_bessel,
+    decompositions_indexing,
+    decompositions_linalg,
+    decompositions_ops,
+    decompositions_special,
+)
 
 aten = torch.ops.aten
 
@@ -299,4 +307,6 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     decomps.update(decompositions_ops.table(decomps))
     decomps.update(decompositions_indexing.table())
     decomps.update(decompositions_special.table())
+    decomps.update(decompositions_bessel.table())
+    decomps.update(decompositions_linalg.table())
     return decomps
