@@ -293,7 +293,8 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     # Decompositions that break tracing: lift_fresh's turns a torch.tensor() constant
     # into an alias of a real tensor inside FakeTensorMode; diagonal_scatter's and
     # as_strided_scatter's (torch._refs) emit prims.copy_to, which AOTAutograd rejects as
-    # not functional. Without them the ops stay whole.
+    # not functional. Without them the ops stay whole (diagonal_scatter then gets lort's
+    # own, decompositions_indexing's).
     for op in (aten.lift_fresh.default, aten.diagonal_scatter.default, aten.as_strided_scatter.default):
         decomps.pop(op, None)
     if decompose_conv_backward:
