@@ -284,7 +284,21 @@ def test_random_graph_end_to_end(seed, monkeypatch):
     assert all(any(a in reason for a in allowed) for reason in reasons), reasons
 
 
-def test_index_reduce_prod_end_to_end():
+@pytest.fixture
+def index_reduce_whole(monkeypatch):
+    """index_reduce kept whole (lort decomposes it into scatter_reduce, all in ORT), so its
+    backward graph is again the one whose PyTorch nodes made the fuser build a cycle."""
+    from lort.capture import decompositions, decompositions_indexing
+
+    own = decompositions_indexing.table
+    monkeypatch.setattr(decompositions_indexing, "table",
+                        lambda: {op: fn for op, fn in own().items() if op != torch.ops.aten.index_reduce.default})
+    decompositions.table.cache_clear()
+    yield
+    decompositions.table.cache_clear()
+
+
+def test_index_reduce_prod_end_to_end(index_reduce_whole):
     """The op whose backward graph made the fuser build a cycle (issue 11), against eager:
     output and the gradients of the input and the source, zeros included."""
     x = torch.randn(5, 3)

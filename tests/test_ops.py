@@ -479,10 +479,9 @@ CASES: list[Case] = [
     C("tril_triu", lambda x: (torch.tril(x), torch.triu(x, diagonal=1), torch.tril(x, -1)), lambda: (f32(4, 5),)),
     C("narrow", lambda x: torch.narrow(x * 2, 1, 1, 3), lambda: (f32(3, 5),)),
     C("diagonal", lambda x: torch.diagonal(x * 2, offset=1), lambda: (f32(4, 5),), grad=False),
-    C("diagonal_backward", lambda x: torch.diagonal(x * 2, offset=1), lambda: (f32(4, 5),),
-      # PyTorch's decomposition of diagonal_scatter emits prims.copy_to, which AOTAutograd
-      # rejects, so lort keeps the op whole; torch_lib has no translation for it.
-      fallback={"aten.diagonal_scatter.default": NO_TRANSLATION}),
+    # The backward is diagonal_scatter: lort's own decomposition (a scatter into the
+    # flattened plane, capture/decompositions_indexing.py) runs it in ORT.
+    C("diagonal_backward", lambda x: torch.diagonal(x * 2, offset=1), lambda: (f32(4, 5),)),
     C("tensor_constant", lambda x: x / torch.tensor(4.0), lambda: (f32(3, 4),)),
     C("clone_contiguous", lambda x: x.t().contiguous() + 0, lambda: (f32(3, 4),)),
     C("arange", lambda x: x + torch.arange(x.shape[-1], dtype=x.dtype), lambda: (f32(3, 4),)),

@@ -19,6 +19,12 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
   select after the op, so ORT's results follow PyTorch's on inputs with NaN (below).
 * single ops whose translation fails on some inputs (reductions of 0-d tensors, ...):
   ``decompositions_ops``.
+* indexing ops torch_lib has no translation for (searchsorted, diagonal_scatter,
+  index_reduce, cummax/cummin): ``decompositions_indexing``.
+* lgamma, digamma and polygamma (no ONNX op) as PyTorch's CPU algorithms in elementwise
+  ops: ``decompositions_special``; Bessel j0, j1, y0, y1 and spherical j0:
+  ``decompositions_bessel``.
+* linalg_solve_triangular as substitution steps: ``decompositions_linalg``.
 """
 
 from __future__ import annotations
@@ -31,7 +37,13 @@ import torch
 
 from ..fusion import support
 from ..translate import _compat
-from . import decompositions_ops
+from . import (
+    decompositions_bessel,
+    decompositions_indexing,
+    decompositions_linalg,
+    decompositions_ops,
+    decompositions_special,
+)
 
 aten = torch.ops.aten
 
@@ -281,7 +293,8 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     # Decompositions that break tracing: lift_fresh's turns a torch.tensor() constant
     # into an alias of a real tensor inside FakeTensorMode; diagonal_scatter's and
     # as_strided_scatter's (torch._refs) emit prims.copy_to, which AOTAutograd rejects as
-    # not functional. Without them the ops stay whole.
+    # not functional. Without them the ops stay whole (diagonal_scatter then gets lort's
+    # own, decompositions_indexing's).
     for op in (aten.lift_fresh.default, aten.diagonal_scatter.default, aten.as_strided_scatter.default):
         decomps.pop(op, None)
     if decompose_conv_backward:
@@ -293,4 +306,8 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     decomps[aten.copysign.Tensor] = copysign
     decomps[aten.copysign.Scalar] = copysign
     decomps.update(decompositions_ops.table(decomps))
+    decomps.update(decompositions_indexing.table())
+    decomps.update(decompositions_special.table())
+    decomps.update(decompositions_bessel.table())
+    decomps.update(decompositions_linalg.table())
     return decomps

@@ -1,0 +1,187 @@
+"""Decompositions of indexing ops torch_lib has no translation for, into ops it translates
+exactly (registered by ``decompositions.table``):
+
+* ``searchsorted`` as PyTorch's CPU binary search (``cus_lower_bound`` /
+  ``cus_upper_bound``) run on every value at once: a fixed number of halving steps, each a
+  gather and a compare, and the same ``!(mid >= value)`` / ``!(mid > value)`` tests, so
+  NaN values, NaN in the sequence and unsorted sequences give PyTorch's indices.
+* ``diagonal_scatter`` as a ``scatter`` into the flattened (dim1, dim2) plane.
+* ``index_reduce`` (prod, amax, amin, mean) as ``scatter_reduce``; 'mean' is a sum and a
+  count, divided as PyTorch's kernel divides (floor division for integers), since
+  torch_lib's scatter_reduce has no 'mean'; float amax/amin get PyTorch's NaN
+  propagation back (ORT's ScatterElements max/min do not propagate NaN).
+* ``cummax`` / ``cummin`` along a dimension of up to ``CUMULATIVE_MAX_LENGTH`` as
+  comparisons of all pairs, with the indices PyTorch's loop gives (NaN, ties).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _int64(value, like):
+    return aten.scalar_tensor.default(value, dtype=torch.int64, device=like.device)
+
+
+def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None, sorter=None):
+    """aten.searchsorted.Tensor: each step halves [start, end) where start < end, exactly
+    as PyTorch's kernel does, for ceil(log2(n + 1)) steps (the most it takes)."""
+    if not isinstance(values, torch.Tensor) or values.dtype != sorted_sequence.dtype:
+        return NotImplemented
+    if values.dtype.is_complex or values.dtype == torch.bool:
+        return NotImplemented
+    if side is not None:
+        right = side == "right"
+    one_d = sorted_sequence.dim() == 1
+    if not one_d and values.dim() == 0:
+        return NotImplemented
+    n = sorted_sequence.shape[-1]
+    if sorter is not None:
+        sorted_sequence = aten.gather.default(sorted_sequence, -1, sorter)
+    start = aten.zeros.default(list(values.shape), dtype=torch.int64, device=values.device)
+    end = aten.add.Tensor(start, _int64(n, values))
+    last, two, one = _int64(max(n - 1, 0), values), _int64(2, values), _int64(1, values)
+    for _ in range(int(n).bit_length() if n > 0 else 0):
+        active = aten.lt.Tensor(start, end)
+        mid = aten.add.Tensor(start, aten.floor_divide.default(aten.sub.Tensor(end, start), two))
+        at = aten.minimum.default(mid, last)  # where the search has ended mid may be n
+        if one_d:
+            mid_value = aten.index.Tensor(sorted_sequence, [at])
+        else:
+            mid_value = aten.gather.default(sorted_sequence, -1, at)
+        stop = aten.gt.Tensor(mid_value, values) if right else aten.ge.Tensor(mid_value, values)
+        go_on = aten.logical_and.default(active, aten.logical_not.default(stop))
+        start = aten.where.self(go_on, aten.add.Tensor(mid, one), start)
+        end = aten.where.self(aten.logical_and.default(active, stop), mid, end)
+    if out_int32:
+        return aten._to_copy.default(start, dtype=torch.int32)
+    return start
+
+
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    """aten.diagonal_scatter: move dim1, dim2 last, flatten them, scatter ``src`` at the
+    diagonal's flat positions (row * width + column), and move them back."""
+    nd = x.dim()
+    if nd < 2:
+        return NotImplemented
+    d1, d2 = dim1 % nd, dim2 % nd
+    if d1 == d2 or src.dtype != x.dtype:
+        return NotImplemented
+    rest = [d for d in range(nd) if d not in (d1, d2)]
+    order = rest + [d1, d2]
+    moved = aten.permute.default(x, order)
+    height, width = x.shape[d1], x.shape[d2]
+    length = src.shape[-1] if src.dim() > 0 else 0
+    if length == 0:
+        return aten.clone.default(x)
+    flat = aten.reshape.default(moved, [x.shape[d] for d in rest] + [height * width])
+    first = max(-offset, 0) * width + max(offset, 0)
+    positions = aten.arange.start_step(first, first + length * (width + 1), width + 1, dtype=torch.int64, device=x.device)
+    positions = aten.expand.default(positions, list(src.shape))
+    scattered = aten.scatter.src(flat, -1, positions, src)
+    unflat = aten.reshape.default(scattered, [x.shape[d] for d in rest] + [height, width])
+    inverse = [order.index(d) for d in range(nd)]
+    return aten.clone.default(aten.permute.default(unflat, inverse), memory_format=torch.contiguous_format)
+
+
+def _nan_extremum(x, d, idx, source, reduce, include_self):
+    """Float amax/amin: ORT's ScatterElements max/min keep or drop a NaN by the order it
+    meets it; PyTorch's result is NaN wherever a NaN (of source, or of self when
+    include_self) is reduced, which a count of the NaNs scattered there restores."""
+    out = aten.scatter_reduce.two(x, d, idx, source, reduce, include_self=include_self)
+    nans = aten._to_copy.default(aten.isnan.default(source), dtype=x.dtype)
+    has_nan = aten.gt.Scalar(aten.scatter_add.default(aten.zeros_like.default(x), d, idx, nans), 0)
+    if include_self:
+        has_nan = aten.logical_or.default(has_nan, aten.isnan.default(x))
+    return aten.masked_fill.Scalar(out, has_nan, float("nan"))
+
+
+def index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    """aten.index_reduce as scatter_reduce along ``dim`` with the index broadcast over
+    ``source``; 'mean' as PyTorch's kernel computes it: (sum) / max(count, 1), counting
+    ``self`` when include_self, floor division for integer dtypes."""
+    if x.dtype.is_complex or x.dtype == torch.bool or reduce not in ("prod", "amax", "amin", "mean"):
+        return NotImplemented
+    if x.dim() == 0:  # a 0-d self and source reduce as one element of dimension 0
+        if source.dim() != 0 or index.numel() != 1:
+            return NotImplemented
+        one = index_reduce(aten.view.default(x, [1]), 0, aten.view.default(index, [1]),
+                           aten.view.default(source, [1]), reduce, include_self=include_self)
+        return aten.view.default(one, [])
+    if source.dim() != x.dim():
+        return NotImplemented
+    d = dim % x.dim()
+    shape = [1] * x.dim()
+    shape[d] = -1
+    idx = aten.expand.default(aten.view.default(index, shape), list(source.shape))
+    if reduce == "prod" or (reduce != "mean" and not x.dtype.is_floating_point):
+        return aten.scatter_reduce.two(x, d, idx, source, reduce, include_self=include_self)
+    if reduce != "mean":
+        return _nan_extremum(x, d, idx, source, reduce, include_self)
+    total = aten.scatter_reduce.two(x, d, idx, source, "sum", include_self=include_self)
+    counts = aten.full_like.default(x, 1 if include_self else 0)
+    counts = aten.scatter_add.default(counts, d, idx, aten.full_like.default(source, 1))
+    counts = aten.masked_fill.Scalar(counts, aten.eq.Scalar(counts, 0), 1)
+    if x.dtype.is_floating_point:
+        return aten.div.Tensor(total, counts)
+    return aten.div.Tensor_mode(total, counts, rounding_mode="floor")
+
+
+def table() -> dict:
+    """The decompositions above, by the op they replace."""
+    return {
+        aten.searchsorted.Tensor: searchsorted,
+        aten.diagonal_scatter.default: diagonal_scatter,
+        aten.index_reduce.default: index_reduce,
+        aten.cummax.default: _cumulative_extremum(True),
+        aten.cummin.default: _cumulative_extremum(False),
+    }
+
+
+#: The longest dimension cummax/cummin compare all pairs of (L * L per row) along.
+CUMULATIVE_MAX_LENGTH = 1024
+
+
+def _cumulative_extremum(greater_equal: bool):
+    """cummax (greater_equal) / cummin as PyTorch's CPU loop decides, written over all
+    pairs j <= i: the index is the last NaN up to i if there is one, else the last j <= i
+    holding the extremum of x[:i + 1] (ties go to the later index, as the loop's >= / <=
+    does), and the value is x at that index (so -0.0 and 0.0 come out as eager's)."""
+
+    def decomposition(x, dim):
+        if x.dtype == torch.bool or x.dtype.is_complex:
+            return NotImplemented
+        if x.dim() == 0:
+            return aten.clone.default(x), aten.zeros.default([], dtype=torch.int64, device=x.device)
+        d = dim % x.dim()
+        length = x.shape[d]
+        if length == 0 or length > CUMULATIVE_MAX_LENGTH or x.numel() * length > 2**24:
+            return NotImplemented
+        moved = aten.movedim.int(x, d, -1)  # (..., L)
+        row = aten.unsqueeze.default(moved, -2)  # x_j along the last dim, (..., 1, L)
+        positions = aten.arange.default(length, dtype=torch.int64, device=x.device)
+        up_to = aten.le.Tensor(aten.unsqueeze.default(positions, 0), aten.unsqueeze.default(positions, 1))  # [i, j]: j <= i
+        if x.dtype.is_floating_point:
+            fill = -math.inf if greater_equal else math.inf
+        else:
+            info = torch.iinfo(x.dtype)
+            fill = info.min if greater_equal else info.max
+        masked = aten.where.self(up_to, row, aten.scalar_tensor.default(fill, dtype=x.dtype, device=x.device))
+        reduce = aten.amax.default if greater_equal else aten.amin.default
+        extremum = aten.unsqueeze.default(reduce(masked, [-1]), -1)  # (..., L, 1)
+        none = aten.scalar_tensor.default(-1, dtype=torch.int64, device=x.device)
+        hits = aten.logical_and.default(up_to, aten.eq.Tensor(row, extremum))
+        index = aten.amax.default(aten.where.self(hits, positions, none), [-1])
+        if x.dtype.is_floating_point:
+            nans = aten.logical_and.default(up_to, aten.isnan.default(row))
+            last_nan = aten.amax.default(aten.where.self(nans, positions, none), [-1])
+            index = aten.where.self(aten.ge.Scalar(last_nan, 0), last_nan, index)
+        values = aten.gather.default(moved, -1, index)
+        return aten.movedim.int(values, -1, d), aten.movedim.int(index, -1, d)
+
+    decomposition.__name__ = "cummax" if greater_equal else "cummin"
+    return decomposition

@@ -1,0 +1,67 @@
+"""``linalg_solve_triangular`` (no torch_lib translation) as substitution in elementwise
+ops and slices, registered by ``decompositions.table``.
+
+A X = B with A lower triangular is solved row by row in the order of the reference BLAS
+``trsm``: x_k = r_k / a_kk, then every remaining residual row r_i -= a_ik x_k (k = 0, 1,
+...; upper triangular A from the last row up). X A = B is the same substitution on the
+transposes. Only the triangle ``upper`` names is read, as LAPACK reads it. Systems of more
+than ``MAX_SIZE`` unknowns, complex and non-float dtypes stay whole (in PyTorch): the
+substitution is ``n`` steps of the graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+#: The largest n (A is n x n) solved as substitution steps.
+MAX_SIZE = 64
+
+
+def _solve_left(a, b, upper: bool, unitriangular: bool):
+    """X with a @ X = b (a: (..., n, n), b: (..., n, k), batch dims already equal)."""
+    n = a.shape[-1]
+    residual = b
+    rows = [None] * n
+    for k in (range(n - 1, -1, -1) if upper else range(n)):
+        r_k = aten.slice.Tensor(residual, -2, k, k + 1)
+        x_k = r_k if unitriangular else aten.div.Tensor(r_k, aten.slice.Tensor(aten.slice.Tensor(a, -2, k, k + 1), -1, k, k + 1))
+        rows[k] = x_k
+        # The rows still to solve: above k for upper A, below k for lower A.
+        lo, hi = (0, k) if upper else (k + 1, n)
+        if hi > lo:
+            column = aten.slice.Tensor(aten.slice.Tensor(a, -1, k, k + 1), -2, lo, hi)
+            rest = aten.slice.Tensor(residual, -2, lo, hi)
+            updated = aten.sub.Tensor(rest, aten.mul.Tensor(column, x_k))
+            parts = [updated] if upper else [aten.slice.Tensor(residual, -2, 0, lo), updated]
+            if upper:
+                parts.append(aten.slice.Tensor(residual, -2, hi, n))
+            residual = aten.cat.default(parts, -2)
+    return aten.cat.default(rows, -2)
+
+
+def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
+    if a.dtype != b.dtype or a.dtype not in (torch.float32, torch.float64):
+        return NotImplemented
+    if a.dim() < 2 or b.dim() < 2:
+        return NotImplemented
+    n = a.shape[-1]
+    if n > MAX_SIZE or n == 0 or b.numel() == 0:
+        return NotImplemented
+    if not left:  # X A = B  <=>  A^T X^T = B^T
+        x_t = linalg_solve_triangular(
+            aten.transpose.int(a, -2, -1), aten.transpose.int(b, -2, -1), upper=not upper, left=True,
+            unitriangular=unitriangular,
+        )
+        return x_t if x_t is NotImplemented else aten.clone.default(
+            aten.transpose.int(x_t, -2, -1), memory_format=torch.contiguous_format
+        )
+    batch = list(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    a = aten.expand.default(a, batch + list(a.shape[-2:]))
+    b = aten.expand.default(b, batch + list(b.shape[-2:]))
+    return _solve_left(a, b, upper, unitriangular)
+
+
+def table() -> dict:
+    return {aten.linalg_solve_triangular.default: linalg_solve_triangular}

@@ -1,0 +1,71 @@
+"""lort's linalg_solve_triangular (lort.capture.decompositions_linalg) against eager
+PyTorch: every (upper, left, unitriangular), batch broadcasting, the unread triangle
+holding NaN, and the op through lort (values and gradients) with every node in ORT."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from lort.backend import LortBackend
+from lort.capture import decompositions_linalg as dl
+
+SHAPES = [((3, 3), (3, 2)), ((1, 1), (1, 4)), ((2, 4, 4), (4, 3)), ((4, 4), (2, 4, 1)), ((2, 1, 5, 5), (3, 5, 2))]
+TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-12, 1e-12)}
+
+
+def _system(a_shape, b_shape, dtype, upper, left, generator):
+    n = a_shape[-1]
+    a = torch.randn(a_shape, dtype=dtype, generator=generator) + 3 * torch.eye(n, dtype=dtype)
+    unread = torch.ones(n, n, dtype=torch.bool).tril(-1) if upper else torch.ones(n, n, dtype=torch.bool).triu(1)
+    a = a.masked_fill(unread, math.nan)  # LAPACK reads one triangle only
+    b = torch.randn(b_shape, dtype=dtype, generator=generator)
+    return a, (b if left else b.transpose(-2, -1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_solve_triangular_equals_aten(dtype):
+    g = torch.Generator().manual_seed(0)
+    rtol, atol = TOLERANCES[dtype]
+    for (a_shape, b_shape), upper, left, unit in itertools.product(SHAPES, (False, True), (False, True), (False, True)):
+        a, b = _system(a_shape, b_shape, dtype, upper, left, g)
+        kwargs = dict(upper=upper, left=left, unitriangular=unit)
+        expected = torch.linalg.solve_triangular(a, b, **kwargs)
+        got = dl.linalg_solve_triangular(a, b, **kwargs)
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
+
+
+def test_large_complex_and_empty_systems_are_left_alone():
+    n = dl.MAX_SIZE + 1
+    assert dl.linalg_solve_triangular(torch.eye(n), torch.ones(n, 1), upper=True) is NotImplemented
+    c = torch.eye(2, dtype=torch.complex64)
+    assert dl.linalg_solve_triangular(c, c, upper=False) is NotImplemented
+    assert dl.linalg_solve_triangular(torch.eye(2), torch.ones(2, 0), upper=False) is NotImplemented
+
+
+@pytest.mark.parametrize("upper, left", [(False, True), (True, False)])
+def test_solve_triangular_through_lort(upper, left):
+    g = torch.Generator().manual_seed(1)
+    a = (torch.randn(2, 4, 4, dtype=torch.float64, generator=g) + 3 * torch.eye(4, dtype=torch.float64))
+    a = (a.triu() if upper else a.tril()).requires_grad_()
+    b = torch.randn(2, 4, 3, dtype=torch.float64, generator=g)
+    b = (b if left else b.transpose(-2, -1)).contiguous().requires_grad_()
+
+    def f(a, b):
+        return torch.linalg.solve_triangular(a, b, upper=upper, left=left) * 2
+
+    backend = LortBackend({"executor": "ort", "disk_cache": False})
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(f, backend=backend)(a, b)
+    finally:
+        torch._dynamo.reset()
+    expected = f(a, b)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    cotangent = torch.randn(expected.shape, dtype=torch.float64, generator=g)
+    for x, y in zip(torch.autograd.grad(got, (a, b), cotangent), torch.autograd.grad(expected, (a, b), cotangent)):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    fallbacks = [f for record in backend.records for f in record.fallbacks]
+    assert not [op for op, _ in fallbacks if op != "aten.detach.default"], fallbacks
