@@ -1,6 +1,8 @@
-"""lort's linalg_solve_triangular (lort.capture.decompositions_linalg) against eager
-PyTorch: every (upper, left, unitriangular), batch broadcasting, the unread triangle
-holding NaN, and the op through lort (values and gradients) with every node in ORT."""
+"""lort's linalg_solve_triangular, triangular_solve and lu_unpack
+(lort.capture.decompositions_linalg) against eager PyTorch: every (upper, left or
+transpose, unitriangular), batch broadcasting, the unread triangle holding NaN, the
+pivots' permutation, and the ops through lort (values and gradients) with every node in
+ORT."""
 
 import itertools
 import math
@@ -69,3 +71,52 @@ def test_solve_triangular_through_lort(upper, left):
         torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
     fallbacks = [f for record in backend.records for f in record.fallbacks]
     assert not [op for op, _ in fallbacks if op != "aten.detach.default"], fallbacks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_triangular_solve_equals_aten(dtype):
+    g = torch.Generator().manual_seed(2)
+    rtol, atol = TOLERANCES[dtype]
+    for (a_shape, b_shape), upper, transpose, unit in itertools.product(
+        SHAPES, (False, True), (False, True), (False, True)
+    ):
+        a = torch.randn(a_shape, dtype=dtype, generator=g) + 3 * torch.eye(a_shape[-1], dtype=dtype)
+        b = torch.randn(b_shape, dtype=dtype, generator=g)
+        expected = torch.triangular_solve(b, a, upper=upper, transpose=transpose, unitriangular=unit)
+        got = dl.triangular_solve(b, a, upper, transpose, unit)
+        for x, y in zip(got, expected):
+            assert x.shape == y.shape
+            torch.testing.assert_close(x, y, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_lu_unpack_equals_aten(dtype):
+    g = torch.Generator().manual_seed(3)
+    for shape in [(4, 3), (3, 4), (3, 3), (2, 5, 5), (2, 3, 4, 2), (1, 1)]:
+        lu, pivots = torch.linalg.lu_factor(torch.randn(shape, dtype=dtype, generator=g))
+        for x, y in zip(dl.lu_unpack(lu, pivots), torch.lu_unpack(lu, pivots)):
+            assert x.shape == y.shape and x.dtype == y.dtype
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+    lu, pivots = torch.linalg.lu_factor(torch.randn(3, 3))
+    assert dl.lu_unpack(lu, pivots, unpack_data=False) is NotImplemented
+
+
+def test_lu_unpack_through_lort():
+    g = torch.Generator().manual_seed(4)
+    lu, pivots = torch.linalg.lu_factor(torch.randn(2, 4, 3, dtype=torch.float64, generator=g))
+    lu.requires_grad_()
+    backend = LortBackend({"executor": "ort", "disk_cache": False})
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(torch.lu_unpack, backend=backend)(lu, pivots)
+    finally:
+        torch._dynamo.reset()
+    expected = torch.lu_unpack(lu, pivots)
+    for x, y in zip(got, expected):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    fallbacks = [f for record in backend.records for f in record.fallbacks]
+    assert not [op for op, _ in fallbacks if op != "aten.detach.default"], fallbacks
+    cotangents = [torch.randn(t.shape, dtype=t.dtype, generator=g) for t in expected[1:]]
+    g_got = torch.autograd.grad(got[1:], lu, cotangents)[0]
+    g_exp = torch.autograd.grad(expected[1:], lu, cotangents)[0]
+    torch.testing.assert_close(g_got, g_exp, rtol=0, atol=0)

@@ -24,7 +24,8 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
 * lgamma, digamma and polygamma (no ONNX op) as PyTorch's CPU algorithms in elementwise
   ops: ``decompositions_special``; Bessel j0, j1, y0, y1 and spherical j0:
   ``decompositions_bessel``.
-* linalg_solve_triangular as substitution steps: ``decompositions_linalg``.
+* linalg_solve_triangular and triangular_solve as substitution steps, lu_unpack as masks
+  and row swaps: ``decompositions_linalg``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""``linalg_solve_triangular`` (no torch_lib translation) as substitution in elementwise
-ops and slices, registered by ``decompositions.table``.
+"""``linalg_solve_triangular`` and ``triangular_solve`` (no torch_lib translation) as
+substitution in elementwise ops and slices, and ``lu_unpack`` as masks and the pivots'
+row swaps, registered by ``decompositions.table``.
 
 A X = B with A lower triangular is solved row by row in the order of the reference BLAS
 ``trsm``: x_k = r_k / a_kk, then every remaining residual row r_i -= a_ik x_k (k = 0, 1,
@@ -63,5 +64,47 @@ def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
     return _solve_left(a, b, upper, unitriangular)
 
 
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+    """aten.triangular_solve: (solution of op(a) X = b, a copy of a broadcast to the batch);
+    op(a) = a^T when ``transpose`` (its other triangle then holds the coefficients)."""
+    coefficients = aten.transpose.int(a, -2, -1) if transpose else a
+    x = linalg_solve_triangular(coefficients, b, upper=upper != transpose, left=True, unitriangular=unitriangular)
+    if x is NotImplemented:
+        return NotImplemented
+    batch = list(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    return x, aten.clone.default(aten.expand.default(a, batch + list(a.shape[-2:])), memory_format=torch.contiguous_format)
+
+
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    """aten.lu_unpack: P from the 1-based row swaps of ``pivots`` applied in order
+    (P[r, c] = 1 where the permuted row c is r), L = the strict lower triangle plus the
+    identity (m x k), U = the upper triangle (k x n), k = min(m, n)."""
+    if not (unpack_data and unpack_pivots) or lu.dtype not in (torch.float32, torch.float64) or lu.dim() < 2:
+        return NotImplemented
+    m, n = lu.shape[-2], lu.shape[-1]
+    k = min(m, n)
+    if k == 0 or k > MAX_SIZE or pivots.shape[-1] != k:
+        return NotImplemented
+    rows = aten.arange.default(m, dtype=torch.int64, device=lu.device)
+    perm = aten.expand.default(rows, list(pivots.shape[:-1]) + [m])
+    swaps = aten.sub.Tensor(aten._to_copy.default(pivots, dtype=torch.int64), 1)
+    for i in range(k):
+        j = aten.slice.Tensor(swaps, -1, i, i + 1)
+        at_i = aten.slice.Tensor(perm, -1, i, i + 1)
+        at_j = aten.gather.default(perm, -1, j)
+        perm = aten.where.self(aten.eq.Scalar(rows, i), at_j, aten.where.self(aten.eq.Tensor(rows, j), at_i, perm))
+    p = aten._to_copy.default(
+        aten.eq.Tensor(aten.unsqueeze.default(perm, -2), aten.unsqueeze.default(rows, -1)), dtype=lu.dtype
+    )
+    eye = aten.eye.m(m, k, dtype=lu.dtype, device=lu.device)
+    lower = aten.add.Tensor(aten.tril.default(aten.slice.Tensor(lu, -1, 0, k), -1), eye)
+    upper = aten.triu.default(aten.slice.Tensor(lu, -2, 0, k))
+    return p, lower, upper
+
+
 def table() -> dict:
-    return {aten.linalg_solve_triangular.default: linalg_solve_triangular}
+    return {
+        aten.linalg_solve_triangular.default: linalg_solve_triangular,
+        aten.triangular_solve.default: triangular_solve,
+        aten.lu_unpack.default: lu_unpack,
+    }
