@@ -289,3 +289,16 @@ def test_symbolic_scalar_tensor_under_dynamic_shapes():
     finally:
         torch._dynamo.reset()
     _all_in_ort(backend)
+
+
+@pytest.mark.parametrize("fn", [torch.isinf, torch.isposinf, torch.isneginf, torch.isfinite], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+def test_infinity_checks_in_the_input_dtype(fn, dtype):
+    """torch_lib's isinf casts to float32 first: a float64 1e300 came out infinite."""
+    big = torch.finfo(dtype).max
+    x = torch.tensor([big, -big, math.inf, -math.inf, 1.0, -0.0, math.nan], dtype=dtype)
+    if dtype == torch.float64:
+        x = torch.cat([x, torch.tensor([1e300, -1e300, 3.5e38], dtype=dtype)])
+    got, expected, backend = _through_lort(fn, x)
+    assert torch.equal(got, expected), (got, expected)
+    _all_in_ort(backend)

@@ -72,6 +72,9 @@ def table(previous: dict) -> dict:
         aten.hardtanh_backward.default: hardtanh_backward,
         aten.native_layer_norm.default: float64_native_layer_norm,
         aten.pixel_shuffle.default: integer_pixel_shuffle,
+        aten.isinf.default: compare_to_infinity(aten.isinf.default),
+        aten.isposinf.default: compare_to_infinity(aten.isposinf.default),
+        aten.isneginf.default: compare_to_infinity(aten.isneginf.default),
     }
     return {op: _chain(fn, previous.get(op)) for op, fn in own.items()}
 
@@ -148,3 +151,20 @@ def integer_pixel_shuffle(x, upscale_factor):
     from torch._decomp import decomposition_table
 
     return decomposition_table[aten.pixel_shuffle.default](x, upscale_factor)
+
+
+def compare_to_infinity(op):
+    """isinf/isposinf/isneginf of a floating tensor as comparisons with infinity in its own
+    dtype: torch_lib casts the input to float32 first, so a float64 1e300 counted as
+    infinite. Other dtypes are left to the op."""
+    name = op.__name__.split(".")[0]
+
+    def decomposition(x):
+        if not x.dtype.is_floating_point:
+            return NotImplemented
+        if name == "isinf":
+            return aten.eq.Scalar(aten.abs.default(x), math.inf)
+        return aten.eq.Scalar(x, math.inf if name == "isposinf" else -math.inf)
+
+    decomposition.__name__ = f"{name}_compared_to_infinity"
+    return decomposition
