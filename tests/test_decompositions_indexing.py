@@ -234,3 +234,21 @@ def test_cummax_cummin_through_lort(dtype):
         g_got = torch.autograd.grad((got[0].values * cotangent).nansum() + got[1].values.nansum(), x)[0]
         g_exp = torch.autograd.grad((expected[0].values * cotangent).nansum() + expected[1].values.nansum(), x)[0]
         torch.testing.assert_close(g_got, g_exp, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("reduce", ["amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("flip", [False, True], ids=["nan-second", "nan-first"])
+def test_scatter_reduce_extremum_propagates_nan(reduce, include_self, flip):
+    """ORT's ScatterElements max/min keep or drop a NaN by the order it meets it (the
+    flipped source gave 5 where PyTorch gives NaN); PyTorch propagates it."""
+    src = torch.tensor([1.0, math.nan, 3.0, 2.0, 5.0, math.nan, -1.0, 4.0])
+    src = src.flip(0) if flip else src
+    index = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+
+    def fn(s):
+        return torch.tensor([0.0, math.nan, 1.0, 2.0]).scatter_reduce(0, index, s, reduce, include_self=include_self)
+
+    got, expected, backend = _through_lort(fn, src)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    _all_in_ort(backend)

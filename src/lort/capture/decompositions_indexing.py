@@ -8,8 +8,9 @@ exactly (registered by ``decompositions.table``):
 * ``diagonal_scatter`` as a ``scatter`` into the flattened (dim1, dim2) plane.
 * ``index_reduce`` (prod, amax, amin, mean) as ``scatter_reduce``; 'mean' is a sum and a
   count, divided as PyTorch's kernel divides (floor division for integers), since
-  torch_lib's scatter_reduce has no 'mean'; float amax/amin get PyTorch's NaN
-  propagation back (ORT's ScatterElements max/min do not propagate NaN).
+  torch_lib's scatter_reduce has no 'mean'.
+* ``scatter_reduce`` amax/amin of floats with PyTorch's NaN propagation restored (ORT's
+  ScatterElements max/min do not propagate NaN), which index_reduce's amax/amin use too.
 * ``cummax`` / ``cummin`` along a dimension of up to ``CUMULATIVE_MAX_LENGTH`` as
   comparisons of all pairs, with the indices PyTorch's loop gives (NaN, ties).
 """
@@ -17,6 +18,7 @@ exactly (registered by ``decompositions.table``):
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
@@ -88,13 +90,23 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     return aten.clone.default(aten.permute.default(unflat, inverse), memory_format=torch.contiguous_format)
 
 
-def _nan_extremum(x, d, idx, source, reduce, include_self):
-    """Float amax/amin: ORT's ScatterElements max/min keep or drop a NaN by the order it
-    meets it; PyTorch's result is NaN wherever a NaN (of source, or of self when
-    include_self) is reduced, which a count of the NaNs scattered there restores."""
-    out = aten.scatter_reduce.two(x, d, idx, source, reduce, include_self=include_self)
-    nans = aten._to_copy.default(aten.isnan.default(source), dtype=x.dtype)
-    has_nan = aten.gt.Scalar(aten.scatter_add.default(aten.zeros_like.default(x), d, idx, nans), 0)
+_tracing = threading.local()
+
+
+def scatter_reduce_extremum(x, dim, index, src, reduce, *, include_self=True):
+    """Float scatter_reduce amax/amin: ORT's ScatterElements max/min keep or drop a NaN by
+    the order it meets it; PyTorch's result is NaN wherever a NaN (of ``src``, or of
+    ``x`` when include_self) is reduced, which a count of the NaNs scattered there
+    restores. Other reductions and dtypes are left to the op."""
+    if reduce not in ("amax", "amin") or not x.dtype.is_floating_point or getattr(_tracing, "inner", False):
+        return NotImplemented
+    _tracing.inner = True  # the op below is the one ORT runs, not decomposed again
+    try:
+        out = aten.scatter_reduce.two(x, dim, index, src, reduce, include_self=include_self)
+    finally:
+        _tracing.inner = False
+    nans = aten._to_copy.default(aten.isnan.default(src), dtype=x.dtype)
+    has_nan = aten.gt.Scalar(aten.scatter_add.default(aten.zeros_like.default(x), dim, index, nans), 0)
     if include_self:
         has_nan = aten.logical_or.default(has_nan, aten.isnan.default(x))
     return aten.masked_fill.Scalar(out, has_nan, float("nan"))
@@ -118,10 +130,8 @@ def index_reduce(x, dim, index, source, reduce, *, include_self=True):
     shape = [1] * x.dim()
     shape[d] = -1
     idx = aten.expand.default(aten.view.default(index, shape), list(source.shape))
-    if reduce == "prod" or (reduce != "mean" and not x.dtype.is_floating_point):
+    if reduce != "mean":  # float amax/amin: NaN as PyTorch (scatter_reduce_extremum)
         return aten.scatter_reduce.two(x, d, idx, source, reduce, include_self=include_self)
-    if reduce != "mean":
-        return _nan_extremum(x, d, idx, source, reduce, include_self)
     total = aten.scatter_reduce.two(x, d, idx, source, "sum", include_self=include_self)
     counts = aten.full_like.default(x, 1 if include_self else 0)
     counts = aten.scatter_add.default(counts, d, idx, aten.full_like.default(source, 1))
@@ -137,6 +147,7 @@ def table() -> dict:
         aten.searchsorted.Tensor: searchsorted,
         aten.diagonal_scatter.default: diagonal_scatter,
         aten.index_reduce.default: index_reduce,
+        aten.scatter_reduce.two: scatter_reduce_extremum,
         aten.cummax.default: _cumulative_extremum(True),
         aten.cummin.default: _cumulative_extremum(False),
     }
