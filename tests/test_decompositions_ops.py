@@ -302,3 +302,20 @@ def test_infinity_checks_in_the_input_dtype(fn, dtype):
     got, expected, backend = _through_lort(fn, x)
     assert torch.equal(got, expected), (got, expected)
     _all_in_ort(backend)
+
+
+@pytest.mark.parametrize("fn", [torch.logaddexp, torch.logaddexp2], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_logaddexp_does_not_overflow(fn, dtype):
+    """torch_lib's logaddexp is log(exp(a) + exp(b)): inf from a ~ 89 in float32 (the
+    known-wrong table sends it to PyTorch's decomposition, max + log1p(exp(-|a - b|)))."""
+    a = torch.tensor([500.0, -800.0, 1.0, math.inf, -math.inf, math.inf, math.nan, 80.0, 3e38], dtype=dtype)
+    b = torch.tensor([499.0, -800.0, -2.0, math.inf, -math.inf, -math.inf, 1.0, 100.0, 3e38], dtype=dtype)
+    if dtype == torch.float64:
+        a, b = torch.cat([a, a.new_tensor([1e300])]), torch.cat([b, b.new_tensor([1e300])])
+    got, expected, backend = _through_lort(fn, a, b)
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    _all_in_ort(backend)
+    x, y = (t[:3].clone().requires_grad_() for t in (a, b))
+    (gx, gy), (ex, ey) = (torch.autograd.grad(f(x, y).sum(), (x, y)) for f in (torch.compile(fn, backend="lort"), fn))
+    torch.testing.assert_close((gx, gy), (ex, ey))

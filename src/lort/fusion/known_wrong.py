@@ -187,6 +187,14 @@ def table() -> dict:
             "decomposed (its prims.erfc runs in PyTorch)"
         ),
         aten.special_erfc.default: "torch_lib's special_erfc is 1 - erf(x) (see erfc); decomposed",
+        aten.logaddexp.default: (
+            "torch_lib's logaddexp is log(exp(a) + exp(b)), which overflows (float32 "
+            "logaddexp(500, 500) is inf, PyTorch 500.69; float64 logaddexp(1e300, 1e300) is inf); "
+            "decomposed as PyTorch's max + log1p(exp(-|a - b|))"
+        ),
+        aten.logaddexp2.default: (
+            "torch_lib's logaddexp2 is log2(2**a + 2**b), which overflows (see logaddexp); decomposed"
+        ),
         aten.signbit.default: _when(
             lambda n: _is_float_arg(n, 0) or _arg_shape(n, 0) == (),
             "torch_lib's signbit is x < 0: False for -0.0 (and for a NaN with its sign bit set), "
