@@ -22,7 +22,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run import SCENARIOS, geomean, machine, model_and_args, timed_interleaved  # noqa: E402
+from run import SCENARIOS, geomean, machine, model_and_args, timed_interleaved, where_lort_ran  # noqa: E402
 from whole_ort import whole_ort_step  # noqa: E402
 
 import lort  # noqa: E402
@@ -32,19 +32,21 @@ SKIP = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
 COLUMNS = ["eager", "lort", "lort, no module guards", "Dynamo alone", "whole ORT"]
 
 
-def _no_grad(fn, args):
+def _no_grad(fn, args, backend=None):
     def step():
         with torch.no_grad():
             return fn(*args)
 
+    step.backend = backend
     return step
 
 
 def steps_for(name: str, scenario: str) -> dict:
     _, model, args = model_and_args(name, scenario)
     steps = {"eager": _no_grad(model, args)}
-    steps["lort"] = _no_grad(torch.compile(model, backend=lort.LortBackend()), args)
-    steps["lort, no module guards"] = _no_grad(torch.compile(model, backend=lort.LortBackend(), options=SKIP), args)
+    backend, skip_backend = lort.LortBackend(), lort.LortBackend()
+    steps["lort"] = _no_grad(torch.compile(model, backend=backend), args, backend)
+    steps["lort, no module guards"] = _no_grad(torch.compile(model, backend=skip_backend, options=SKIP), args, skip_backend)
     with torch.no_grad():
         out = model(*args)
 
@@ -52,7 +54,8 @@ def steps_for(name: str, scenario: str) -> dict:
         return lambda *a: out
 
     steps["Dynamo alone"] = _no_grad(torch.compile(model, backend=constant), args)
-    whole = whole_ort_step(model, args, "cpu")
+    _, fresh, fresh_args = model_and_args(name, scenario)  # the export may change the model it traces
+    whole = whole_ort_step(fresh, fresh_args, "cpu")
     if not isinstance(whole, str):
         steps["whole ORT"] = whole
     for step in steps.values():
@@ -72,9 +75,11 @@ def main(argv=None) -> None:
         assert scenario in SCENARIOS and SCENARIOS[scenario][0] == "inference", scenario
         for name in a.models.split(","):
             torch._dynamo.reset()
-            times = timed_interleaved(steps_for(name, scenario), min_time=a.min_time)
+            steps = steps_for(name, scenario)
+            times = timed_interleaved(steps, min_time=a.min_time)
+            times["ran in"] = where_lort_ran(steps["lort"])
             rows.append((name, scenario, times))
-            print(name, scenario, {k: round(v * 1e3, 3) for k, v in times.items()}, flush=True)
+            print(name, scenario, {k: v if isinstance(v, str) else round(v * 1e3, 3) for k, v in times.items()}, flush=True)
     head = "| model | run | " + " | ".join(f"{c} ms" for c in COLUMNS)
     lines = [
         "# Dynamo's per-call guards and lort's inference latency",
@@ -87,8 +92,8 @@ def main(argv=None) -> None:
         "precomputed output, what Dynamo costs any backend per call. *lort's own*: lort minus Dynamo",
         "alone. Ratios are whole ORT time / lort time (above 0.85 meets issue 13's bar).",
         "",
-        head + " | lort's own ms | lort vs whole ORT | no module guards vs whole ORT |",
-        "|---|---|" + "---:|" * (len(COLUMNS) + 3),
+        head + " | lort's own ms | lort vs whole ORT | no module guards vs whole ORT | lort ran in |",
+        "|---|---|" + "---:|" * (len(COLUMNS) + 3) + "---|",
     ]
     ratios = {"lort": [], "skip": []}
     for name, scenario, t in rows:
@@ -101,7 +106,7 @@ def main(argv=None) -> None:
             tail = f"{r1:.2f}x | {r2:.2f}x"
         else:
             tail = "- | -"
-        lines.append(f"| {name} | {scenario} | " + " | ".join(cells) + f" | {own} | {tail} |")
+        lines.append(f"| {name} | {scenario} | " + " | ".join(cells) + f" | {own} | {tail} | {t['ran in']} |")
     if ratios["lort"]:
         lines += ["", f"Geomean over the rows with a whole-ORT time: lort {geomean(ratios['lort']):.2f}x, "
                   f"lort without module guards {geomean(ratios['skip']):.2f}x of whole-model ORT's speed."]

@@ -8,24 +8,8 @@ import math
 import pytest
 import torch
 
-from lort.backend import LortBackend
 from lort.capture import decompositions_indexing as di
-
-
-def _through_lort(fn, *args):
-    backend = LortBackend({"executor": "ort", "disk_cache": False})
-    torch._dynamo.reset()
-    try:
-        got = torch.compile(fn, backend=backend)(*args)
-    finally:
-        torch._dynamo.reset()
-    return got, fn(*args), backend
-
-
-def _all_in_ort(backend) -> None:
-    fallbacks = [f for record in backend.records for f in record.fallbacks]
-    assert not fallbacks, fallbacks
-    assert sum(record.ort_nodes for record in backend.records) > 0
+from test_decompositions_ops import _all_in_ort, _through_lort
 
 
 def _search_cases(dtype):

@@ -109,6 +109,7 @@ class GroupCompiler:
             if made is None:
                 continue
             model_bytes, fusions = made
+            fused = i < len(candidates) - 1  # the plain model is the last candidate
             try:
                 with _timed(times, "timing"):
                     threads, thread_times = self._choose_threads(model_bytes, device, ort_feeds, b.dynamic)
@@ -134,7 +135,7 @@ class GroupCompiler:
             plain_bytes = plain if model_bytes is not plain else None
         compiled = CompiledGroup(
             **fields, model_bytes=model_bytes, plain_bytes=plain_bytes,
-            fusions=fusions, threads=threads, thread_times=thread_times, executor=executor,
+            fusions=fusions, fused=fused, threads=threads, thread_times=thread_times, executor=executor,
             executor_times=executor_times,
             # A group that runs in PyTorch never runs its session: its memory goes.
             session=sess if executor == Placement.ORT else None, session_key=key,
@@ -158,7 +159,7 @@ class GroupCompiler:
             start = time.perf_counter()
             try:
                 sess, _ = self._frozen_session(
-                    compiled.model_bytes, bool(compiled.fusions), compiled.frozen, tensors, compiled.device,
+                    compiled.model_bytes, compiled.fused, compiled.frozen, tensors, compiled.device,
                     b.outputs, name, compiled.threads, tf32,
                 )
             except Exception as e:  # noqa: BLE001 - the runtime unfreezes the weights instead
@@ -246,20 +247,21 @@ class GroupCompiler:
             executor = Placement(meta["executor"])
             threads = int(meta["threads"])
             fusions = dict(meta["fusions"])
+            fused = bool(meta["fused"])
             # A group timed faster in PyTorch never runs its session: none is built.
             ort_optimizer = {}
             if executor != Placement.ORT:
                 sess, frozen = None, ()
             elif frozen:
                 sess, run_bytes = self._frozen_session(
-                    model_bytes, bool(fusions), frozen, None, device, outputs, name, threads, tf32
+                    model_bytes, fused, frozen, None, device, outputs, name, threads, tf32
                 )
                 ort_optimizer = self._ort_optimizer(run_bytes, device, threads, tf32)
             else:
                 sess = GroupSession(model_bytes, device, outputs, self.options, name, threads, tf32=tf32)
                 ort_optimizer = self._ort_optimizer(model_bytes, device, threads, tf32)
             compiled = CompiledGroup(
-                **fields, model_bytes=model_bytes, fusions=fusions, threads=threads,
+                **fields, model_bytes=model_bytes, fusions=fusions, fused=fused, threads=threads,
                 thread_times={int(k): v for k, v in meta["thread_times"].items()}, executor=executor,
                 executor_times=dict(meta["executor_times"]), run_failure=meta.get("run_failure"),
                 from_cache=True, session_key=key, session=sess, frozen=frozen,
@@ -288,6 +290,7 @@ def choices(compiled: CompiledGroup, current=None) -> dict:
         "threads": compiled.threads,
         "thread_times": {str(k): v for k, v in compiled.thread_times.items()},
         "fusions": now.fusions,
+        "fused": now.fused,
         "executor": str(now.executor),
         "executor_times": compiled.executor_times,
         "run_failure": now.run_failure,

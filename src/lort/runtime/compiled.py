@@ -52,6 +52,10 @@ class CompiledGroup:
     plain_bytes: bytes | None = None
     #: onnxscript ORT fusion rewrites that fired, by name.
     fusions: dict = dataclasses.field(default_factory=dict)
+    #: The session runs the ORT-fused model (onnxscript's rewrites and optimizer: constant
+    #: folding, batch norm into convolutions, ...), not the plain translation; true even
+    #: where no named rewrite fired.
+    fused: bool = False
     #: ORT intra-op threads, and the times (seconds) they were chosen by.
     threads: int = 1
     thread_times: dict = dataclasses.field(default_factory=dict)

@@ -52,6 +52,7 @@ class OrtGroup(torch.nn.Module):
         self.model_bytes = compiled.model_bytes
         self._plain_bytes = compiled.plain_bytes
         self.fusions = dict(compiled.fusions)
+        self.fused = compiled.fused
         self.executor = compiled.executor
         self.run_failure = compiled.run_failure
         self.sessions: dict[tuple, GroupSession] = {}
@@ -211,7 +212,7 @@ class OrtGroup(torch.nn.Module):
             return True
         if self._plain_bytes is not None:
             logger.info("lort: %s: the ORT-fused model failed to run (%s); using the plain one", self.name, error)
-            self.model_bytes, self._plain_bytes, self.fusions = self._plain_bytes, None, {}
+            self.model_bytes, self._plain_bytes, self.fusions, self.fused = self._plain_bytes, None, {}, False
             self._drop_sessions()
             return True
         return False
