@@ -62,8 +62,8 @@ class WeightGuard:
         self._pick = operator.itemgetter(*self.indices) if len(self.indices) > 1 else (lambda a: (a[self.indices[0]],))
         self.names = [w.name for w in weights]
         self.sample = sample
-        #: Unchanged calls since ``reset`` (a weight that changes right after being frozen
-        #: again changes on every call: runtime/group.py then unfreezes).
+        #: Calls since ``reset`` (a weight that changes on the call right after being
+        #: frozen again changes on every call: runtime/group.py then unfreezes it).
         self.calls_since_reset = 0
         self.reset([w.tensor for w in weights])
 
@@ -122,11 +122,11 @@ _BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32:
 
 def _sample(t: torch.Tensor):
     """(reader over ``t``'s memory, index, value) of its largest finite element in
-    magnitude (the first where none is finite; the first of a bool tensor), or None for a tensor that cannot
-    be read cheaply (not in CPU memory, empty, not strided, complex). The value is the
-    element's bits for floating dtypes. The reader is a flat memoryview (indexing it is
-    about twice as fast as indexing NumPy), or the NumPy view with a tuple index where
-    the tensor is not contiguous."""
+    magnitude (the first where none is finite, or of a bool tensor), or None for a tensor
+    that cannot be read cheaply (not in CPU memory, empty, not strided, complex). The
+    value is the element's bits for floating dtypes. The reader is a flat memoryview
+    (indexing it is about twice as fast as indexing NumPy), or the NumPy view with a
+    tuple index where the tensor is not contiguous."""
     if t.device.type != "cpu" or t.numel() == 0 or t.layout != torch.strided or t.is_complex():
         return None
     d = t.detach()

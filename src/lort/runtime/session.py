@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import logging
+import os
+import tempfile
 import threading
 from dataclasses import dataclass
 
@@ -220,9 +223,6 @@ def optimizer_changes(
     type ("Conv", "com.microsoft:FusedConv"), how many more (> 0) or fewer (< 0) nodes
     the optimized graph has. Builds a second session that writes its optimized graph to
     a temporary directory (initializers to a file beside it, not read back)."""
-    import collections
-    import os
-    import tempfile
 
     def ops(model: onnx.ModelProto) -> collections.Counter:
         return collections.Counter(f"{n.domain}:{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
