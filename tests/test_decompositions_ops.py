@@ -319,3 +319,46 @@ def test_logaddexp_does_not_overflow(fn, dtype):
     x, y = (t[:3].clone().requires_grad_() for t in (a, b))
     (gx, gy), (ex, ey) = (torch.autograd.grad(f(x, y).sum(), (x, y)) for f in (torch.compile(fn, backend="lort"), fn))
     torch.testing.assert_close((gx, gy), (ex, ey))
+
+
+NAN_INF_ROWS = [[1.0, math.nan, 2.0], [1.0, math.inf, 2.0], [math.inf, -math.inf], [-math.inf, -math.inf],
+                [1.0, 2.0, math.nan, math.inf], [3.0, -1.0, 0.5]]
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: torch.log_softmax(t, 0),
+        lambda t: torch.softmax(t, 0),
+        lambda t: torch.logsumexp(t, 0),
+    ],
+    ids=["log_softmax", "softmax", "logsumexp"],
+)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("row", NAN_INF_ROWS, ids=lambda r: ",".join(map(str, r)))
+def test_softmax_family_on_nan_and_inf(fn, dtype, row):
+    """ORT's float64 LogSoftmax gave log_softmax([1, nan, 2]) = [45.05, nan, 46.05] and
+    torch_lib's logsumexp gave inf for [1, 2, nan, inf] (PyTorch: NaN in both)."""
+    got, expected, backend = _through_lort(fn, torch.tensor(row, dtype=dtype))
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    _all_in_ort(backend)
+
+
+@pytest.mark.parametrize("exponent", [0.5, -0.5])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_square_root_powers_as_pytorch(exponent, dtype):
+    """pow(x, +-0.5) is sqrt/rsqrt in PyTorch: NaN at -inf and -0.0 at -0.0 (C's pow gives
+    inf and 0.0)."""
+    x = torch.tensor([-math.inf, -0.0, 0.0, 4.0, -1.0, math.inf, math.nan], dtype=dtype)
+    got, expected, backend = _through_lort(lambda t: torch.pow(t, exponent), x)
+    torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0)
+    numbers = ~torch.isnan(expected)  # the sign of a NaN means nothing
+    assert torch.equal(torch.signbit(got[numbers]), torch.signbit(expected[numbers]))
+    _all_in_ort(backend)
+
+
+def test_heaviside_of_nan_is_zero():
+    x = torch.tensor([-1.0, 0.0, 2.0, math.nan, -math.inf])
+    got, expected, backend = _through_lort(lambda t: torch.heaviside(t, torch.tensor(0.5)), x)
+    assert torch.equal(got, expected), (got, expected)
+    _all_in_ort(backend)

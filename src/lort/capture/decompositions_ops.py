@@ -51,6 +51,13 @@ def zero_dim_any_all(x, dim=None, keepdim=False):
     return aten.ne.Scalar(x, 0)
 
 
+def _pytorch_decomposition(op, *args):
+    """PyTorch's own decomposition of ``op`` (torch._decomp), applied to ``args``."""
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[op](*args)
+
+
 def table(previous: dict) -> dict:
     """lort's single-op decompositions; each falls back to ``previous``'s decomposition
     of the same op where it does not apply."""
@@ -72,6 +79,9 @@ def table(previous: dict) -> dict:
         aten.hardtanh_backward.default: hardtanh_backward,
         aten.native_layer_norm.default: float64_native_layer_norm,
         aten.pixel_shuffle.default: integer_pixel_shuffle,
+        aten._log_softmax.default: float64_log_softmax,
+        aten.logsumexp.default: nan_propagating_logsumexp,
+        aten.pow.Tensor_Scalar: square_root_powers,
         aten.isinf.default: compare_to_infinity(aten.isinf.default),
         aten.isposinf.default: compare_to_infinity(aten.isposinf.default),
         aten.isneginf.default: compare_to_infinity(aten.isneginf.default),
@@ -138,9 +148,7 @@ def float64_native_layer_norm(x, normalized_shape, weight, bias, eps):
     build (output type double expected)."""
     if x.dtype != torch.float64:
         return NotImplemented
-    from torch._decomp import decomposition_table
-
-    return decomposition_table[aten.native_layer_norm.default](x, normalized_shape, weight, bias, eps)
+    return _pytorch_decomposition(aten.native_layer_norm.default, x, normalized_shape, weight, bias, eps)
 
 
 def integer_pixel_shuffle(x, upscale_factor):
@@ -148,9 +156,7 @@ def integer_pixel_shuffle(x, upscale_factor):
     copy): ORT has no integer DepthToSpace kernel."""
     if x.dtype.is_floating_point or x.dtype.is_complex:
         return NotImplemented
-    from torch._decomp import decomposition_table
-
-    return decomposition_table[aten.pixel_shuffle.default](x, upscale_factor)
+    return _pytorch_decomposition(aten.pixel_shuffle.default, x, upscale_factor)
 
 
 def compare_to_infinity(op):
@@ -168,3 +174,31 @@ def compare_to_infinity(op):
 
     decomposition.__name__ = f"{name}_compared_to_infinity"
     return decomposition
+
+
+def float64_log_softmax(x, dim, half_to_float):
+    """log_softmax of float64 as PyTorch's decomposition (x - amax - log(sum(exp))), whose
+    amax lort makes NaN-propagating: ORT's float64 LogSoftmax kernel mishandles NaN and
+    inf (log_softmax([1, nan, 2]) gave [45.05, nan, 46.05], PyTorch all NaN)."""
+    if x.dtype != torch.float64:
+        return NotImplemented
+    return _pytorch_decomposition(aten._log_softmax.default, x, dim, half_to_float)
+
+
+def square_root_powers(x, exponent):
+    """pow(x, 0.5) and pow(x, -0.5) of a floating tensor as sqrt and rsqrt, as PyTorch's
+    kernel computes them: ONNX's Pow follows C's pow, so pow(-inf, 0.5) was inf (PyTorch
+    NaN) and pow(-0.0, 0.5) was 0.0 (PyTorch -0.0)."""
+    if not x.dtype.is_floating_point or exponent not in (0.5, -0.5):
+        return NotImplemented
+    return aten.sqrt.default(x) if exponent == 0.5 else aten.rsqrt.default(x)
+
+
+def nan_propagating_logsumexp(x, dim, keepdim=False):
+    """logsumexp as PyTorch's decomposition (amax, which lort makes NaN-propagating, then
+    log(sum(exp))): torch_lib's gave inf where the values hold both NaN and inf (PyTorch
+    NaN), ORT's ReduceMax not propagating NaN. A 0-d input is left to torch_lib (the
+    value itself)."""
+    if x.dim() == 0 or not x.dtype.is_floating_point:
+        return NotImplemented
+    return _pytorch_decomposition(aten.logsumexp.default, x, dim, keepdim)

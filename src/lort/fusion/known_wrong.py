@@ -192,6 +192,9 @@ def table() -> dict:
             "logaddexp(500, 500) is inf, PyTorch 500.69; float64 logaddexp(1e300, 1e300) is inf); "
             "decomposed as PyTorch's max + log1p(exp(-|a - b|))"
         ),
+        aten.heaviside.default: (
+            "torch_lib's heaviside gives 1 for a NaN input, PyTorch 0; decomposed"
+        ),
         aten.logaddexp2.default: (
             "torch_lib's logaddexp2 is log2(2**a + 2**b), which overflows (see logaddexp); decomposed"
         ),
