@@ -362,3 +362,11 @@ def test_heaviside_of_nan_is_zero():
     got, expected, backend = _through_lort(lambda t: torch.heaviside(t, torch.tensor(0.5)), x)
     assert torch.equal(got, expected), (got, expected)
     _all_in_ort(backend)
+
+
+def test_xlogy_of_zero_and_nan_is_nan():
+    x = torch.tensor([0.0, -0.0, 1.0, 0.0, 2.0, 0.0])
+    y = torch.tensor([math.nan, math.nan, math.nan, -1.0, 0.0, math.inf])
+    got, expected, backend = _through_lort(torch.xlogy, x, y)
+    torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0)
+    _all_in_ort(backend)

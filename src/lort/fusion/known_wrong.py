@@ -192,6 +192,10 @@ def table() -> dict:
             "logaddexp(500, 500) is inf, PyTorch 500.69; float64 logaddexp(1e300, 1e300) is inf); "
             "decomposed as PyTorch's max + log1p(exp(-|a - b|))"
         ),
+        aten.xlogy.Tensor: (
+            "torch_lib's xlogy is where(x == 0, 0, x * log(y)): 0 for x = 0 and y NaN, PyTorch NaN; "
+            "decomposed"
+        ),
         aten.heaviside.default: (
             "torch_lib's heaviside gives 1 for a NaN input, PyTorch 0; decomposed"
         ),
