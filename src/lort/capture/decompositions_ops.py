@@ -82,9 +82,9 @@ def table(previous: dict) -> dict:
         aten._log_softmax.default: float64_log_softmax,
         aten.logsumexp.default: nan_propagating_logsumexp,
         aten.pow.Tensor_Scalar: square_root_powers,
-        aten.isinf.default: compare_to_infinity(aten.isinf.default),
-        aten.isposinf.default: compare_to_infinity(aten.isposinf.default),
-        aten.isneginf.default: compare_to_infinity(aten.isneginf.default),
+        aten.isinf.default: compare_to_infinity("isinf", lambda x: aten.eq.Scalar(aten.abs.default(x), math.inf)),
+        aten.isposinf.default: compare_to_infinity("isposinf", lambda x: aten.eq.Scalar(x, math.inf)),
+        aten.isneginf.default: compare_to_infinity("isneginf", lambda x: aten.eq.Scalar(x, -math.inf)),
     }
     return {op: _chain(fn, previous.get(op)) for op, fn in own.items()}
 
@@ -159,18 +159,13 @@ def integer_pixel_shuffle(x, upscale_factor):
     return _pytorch_decomposition(aten.pixel_shuffle.default, x, upscale_factor)
 
 
-def compare_to_infinity(op):
-    """isinf/isposinf/isneginf of a floating tensor as comparisons with infinity in its own
-    dtype: torch_lib casts the input to float32 first, so a float64 1e300 counted as
-    infinite. Other dtypes are left to the op."""
-    name = op.__name__.split(".")[0]
+def compare_to_infinity(name: str, compare):
+    """isinf/isposinf/isneginf of a floating tensor as ``compare``, a comparison with
+    infinity in the tensor's own dtype: torch_lib casts the input to float32 first, so a
+    float64 1e300 counted as infinite. Other dtypes are left to the op."""
 
     def decomposition(x):
-        if not x.dtype.is_floating_point:
-            return NotImplemented
-        if name == "isinf":
-            return aten.eq.Scalar(aten.abs.default(x), math.inf)
-        return aten.eq.Scalar(x, math.inf if name == "isposinf" else -math.inf)
+        return compare(x) if x.dtype.is_floating_point else NotImplemented
 
     decomposition.__name__ = f"{name}_compared_to_infinity"
     return decomposition
