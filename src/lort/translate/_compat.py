@@ -108,7 +108,15 @@ def _overload(name: str) -> torch._ops.OpOverload:
 def decomposition_table(implemented_names: tuple[str, ...]) -> dict:
     """PyTorch's ONNX-friendly decompositions of the ops not in ``implemented_names``
     (ATen overload names, e.g. "aten::add.Tensor")."""
-    implemented = {_overload(n) for n in implemented_names}
+    implemented = set()
+    for name in implemented_names:
+        try:
+            implemented.add(_overload(name))
+        except AttributeError:
+            # An op whose library this process has not loaded (the names may come from
+            # the disk cache of a process that had, e.g. quantized_decomposed after
+            # inductor's import) cannot be in a graph traced here.
+            continue
     return _ex_decomp.create_onnx_friendly_decomposition_table(implemented)
 
 
