@@ -15,6 +15,7 @@ import torch.fx
 from .capture import aot_backend
 from .capture import autograd_function, decompositions, distributed
 from .capture import weights as weights_mod
+from .capture.export import ExportedGraph
 from .compile import disk_cache
 from .compile.graph_compiler import GraphCompiler, captured_seconds
 from .compile.graph_executor import ChooseOnFirstCall
@@ -68,7 +69,7 @@ class LortBackend:
             decomps = decompositions.table(self.options.decompose_conv_backward, names)
             compiled = aot_backend(compile_aot, decomps)(gm, example_inputs)
         if timed and not choice:
-            compiled = ChooseOnFirstCall(gm, compiled, own, self.tuner, cache, choice_key, self.options.progress)
+            compiled = ChooseOnFirstCall(gm.forward, compiled, own, self.tuner, cache, choice_key, self.options.progress)
         if entries:
             # Opaque autograd.Function calls: their entries (non-tensor arguments) live as
             # long as the compiled callable.
@@ -93,6 +94,28 @@ class LortBackend:
         fn, record = self.compiler.compile(gm, kind, f"g{self._count}_{kind}", captured_s, weights)
         self.records.append(record)
         return fn, record
+
+    def compile_exported(self, exported: ExportedGraph, eager: Callable) -> Callable:
+        """An inference graph captured by torch.export (capture/export.py; lort.ORTModule's
+        direct inference): compiled as the Dynamo path compiles its inference graphs, with
+        its weights frozen as Options.freeze says, and with executor="auto" timed against
+        ``eager`` (the module itself, over the same arguments) on the first call."""
+        gm, inputs = exported.gm, exported.example_inputs
+        weights = exported.weights if self.options.freeze is not False else None
+        fn, record = self.compile_graph(gm, inputs, "inference", None, weights)
+        compiled = record.partitioned if record.partitioned is not None else gm
+        if not self._times_whole_graph(inputs, ()):
+            return compiled
+        cache = disk_cache.for_options(self.options)
+        key = disk_cache.inputs_key(gm, inputs, self.options, "graph executor")
+        choice = cache.load_record(key) if cache else None
+        if choice and choice.get("executor") in ("pytorch", "ort"):
+            if choice["executor"] == "ort":
+                record.executor_times = dict(choice.get("times", {}))
+                return compiled
+            record.ran_whole_in_pytorch(choice.get("times", {}), cached=True)
+            return eager
+        return ChooseOnFirstCall(eager, compiled, [record], self.tuner, cache, key, self.options.progress)
 
     def _times_whole_graph(self, example_inputs: list, entries) -> bool:
         """executor="auto" also weighs the whole graph against eager PyTorch (on CPU or

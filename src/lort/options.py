@@ -125,6 +125,16 @@ class Options:
     #: lort.ORTModule: how many input schemas (structure, dtypes, constants, train/eval,
     #: ...) keep their compiled graphs; the least recently used is dropped first.
     schema_cache_size: int = 8
+    #: lort.ORTModule: calls without grad (torch.no_grad, torch.inference_mode) are
+    #: captured with torch.export instead of Dynamo and then run without Dynamo's
+    #: per-call guards. lort checks instead, on every call: the input structure, non-tensor
+    #: inputs, tensor dtypes, devices, shapes and strides, grad mode, autocast, every
+    #: submodule's training flag, plain attributes, parameters, buffers, submodules and
+    #: hooks, the plain attributes of objects the modules hold (a Hugging Face config), and
+    #: the weights' memory and version (frozen weights as Options.freeze says). What it
+    #: does not see: Python globals and closures read by ``forward``. False keeps Dynamo
+    #: (and its guards) for them too.
+    direct_inference: bool = True
     #: Progress of compiles: one INFO line on the "lort" logger per graph for capture,
     #: translation, session building and timing, and a progress bar over the groups of a
     #: graph with many of them when stderr is a terminal (with tqdm installed). Env
@@ -165,6 +175,8 @@ class Options:
             raise ValueError(f"lort option schema_cache_size={self.schema_cache_size!r} must be an int >= 1")
         if not any(self.freeze is m if isinstance(m, bool) else self.freeze == m for m in FREEZE_MODES):
             raise ValueError(f"lort option freeze={self.freeze!r} is not one of {FREEZE_MODES}")
+        if not isinstance(self.direct_inference, bool):
+            raise ValueError(f"lort option direct_inference={self.direct_inference!r} must be True or False")
         if not isinstance(self.progress, bool):
             raise ValueError(f"lort option progress={self.progress!r} must be True or False")
         if not isinstance(self.max_group_args, int) or self.max_group_args < 2:

@@ -17,13 +17,20 @@ logger = logging.getLogger("lort")
 
 
 class ChooseOnFirstCall:
-    """Wraps a Dynamo graph's compiled callable. ``records`` is the list this Dynamo
-    graph's compiles append to (its backward, compiled by the timing, included)."""
+    """Wraps a captured graph's compiled callable. ``eager`` runs the same graph in
+    PyTorch (the Dynamo graph's ``forward``, or the module itself); ``records`` is the
+    list this graph's compiles append to (its backward, compiled by the timing, included)."""
 
-    def __init__(self, gm, compiled, records: list[GraphRecord], tuner: Tuner, cache, key, progress: bool):
-        self._gm, self._compiled, self._records = gm, compiled, records
+    def __init__(self, eager: Callable, compiled, records: list[GraphRecord], tuner: Tuner, cache, key,
+                 progress: bool):
+        self._eager, self._compiled, self._records = eager, compiled, records
         self._tuner, self._cache, self._key, self._progress = tuner, cache, key, progress
         self._fn: Callable | None = None
+
+    @property
+    def chosen(self) -> Callable | None:
+        """The callable every call goes to, once the first call chose it."""
+        return self._fn
 
     def __call__(self, *args):
         fn = self._fn
@@ -32,7 +39,7 @@ class ChooseOnFirstCall:
         return fn(*args)
 
     def _choose(self, args: list) -> Callable:
-        compiled, eager = self._compiled, self._gm.forward
+        compiled, eager = self._compiled, self._eager
         start = time.perf_counter()
         times = self._tuner.time_graph({Placement.ORT.value: compiled, Placement.PYTORCH.value: eager}, args)
         seconds = time.perf_counter() - start

@@ -5,16 +5,20 @@ a cheap snapshot to tell whether it changed and words that say what changed."""
 
 from __future__ import annotations
 
+import operator
+from itertools import chain
+
 import torch
 
 _MISSING = object()
-_PLAIN = frozenset((bool, int, float, str, type(None)))
+#: The attribute types a module state compares by value.
+PLAIN = frozenset((bool, int, float, str, type(None)))
 
 
 def module_state(modules: list[torch.nn.Module]) -> tuple:
     """A cheap fingerprint of what in a module tree can change its graph (besides the
     inputs). Compared with ``==`` on every call; tensors enter by identity only."""
-    plain = _PLAIN
+    plain = PLAIN
     return tuple([
         (
             tuple([(k, v) for k, v in d.items() if type(v) in plain]),
@@ -28,23 +32,47 @@ def module_state(modules: list[torch.nn.Module]) -> tuple:
     ])
 
 
-def snapshot(dicts: list[dict]) -> list:
-    """What ``_module_state`` depends on, by identity: cheaper to build and compare (a
-    third of the cost), used to skip ``_module_state`` while nothing changed."""
-    return [
-        (
-            tuple(d.values()),
-            tuple(d["_parameters"].values()),
-            tuple(d["_buffers"].values()),
-            tuple(d["_modules"].values()),
-            len(d["_forward_hooks"]) + len(d["_forward_pre_hooks"]) + len(d["_backward_hooks"])
-            + len(d.get("_backward_pre_hooks", ())),
-        )
-        for d in dicts
-    ]
+_REGISTRIES = ("_parameters", "_buffers", "_modules")
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+#: The attributes every module gets from ``nn.Module.__init__`` (hook and registry
+#: containers; their contents are watched apart, not their identity), except ``training``.
+_INFRASTRUCTURE = frozenset(torch.nn.Module().__dict__) - {"training"}
 
 
-def same_snapshot(a: list | None, b: list) -> bool:
+def watched(dicts: list[dict]) -> tuple:
+    """What ``snapshot`` reads, gathered once per module tree: the modules'
+    ``__dict__``s with a getter of their own attributes (``training`` and whatever the
+    module set: not the containers ``nn.Module.__init__`` made), their parameter, buffer
+    and submodule dicts, and their hook dicts."""
+    getters = [operator.itemgetter(*[k for k in d if k not in _INFRASTRUCTURE]) for d in dicts]
+    return (
+        list(dicts),
+        getters,
+        [d[k] for d in dicts for k in _REGISTRIES],
+        [d[k] for d in dicts for k in _HOOKS if k in d],
+    )
+
+
+def snapshot(watch: tuple) -> tuple | None:
+    """What ``module_state`` depends on, by identity, read by C-level maps: the number of
+    each module's attributes and the values of its own ones, the parameters, buffers
+    and submodules, and the number of hooks; None where an attribute was deleted. Used
+    to skip ``module_state`` while nothing changed."""
+    modules, getters, registries, hooks = watch
+    try:
+        own = list(map(operator.call, getters, modules))
+    except KeyError:
+        return None
+    return (
+        list(map(len, modules)),
+        own,
+        list(chain.from_iterable(map(dict.values, registries))),
+        list(map(len, registries)),
+        list(map(len, hooks)),
+    )
+
+
+def same_snapshot(a, b) -> bool:
     # Unchanged entries compare by identity; a replaced tensor attribute makes == compare
     # tensors, which may raise (ambiguous truth value): then it changed.
     try:

@@ -37,8 +37,8 @@ import torch
 from ..backend import LortBackend
 from ..errors import CaptureError, LortError
 from ..options import Options
-from . import io
-from .state import module_state, same_snapshot, snapshot, state_diff
+from . import direct, io
+from .state import module_state, same_snapshot, snapshot, state_diff, watched
 
 logger = logging.getLogger("lort.module")
 
@@ -73,6 +73,12 @@ class Entry:
         self.eager = False  # capture failed: runs the module in PyTorch
         self.last_shapes: list | None = None
         self.code: types.CodeType | None = None  # the code object Dynamo caches this entry on
+        # Direct inference (no grad): runners by input shapes, the last one used, and why
+        # the entry cannot take the direct path (it then goes through Dynamo).
+        self.direct = not key.grad_enabled
+        self.runners: dict[tuple, direct.DirectRunner] = {}
+        self.runner: direct.DirectRunner | None = None
+        self.direct_refused: str | None = None
 
     @property
     def records(self) -> list:
@@ -158,11 +164,12 @@ class TransitionManager:
         self._last_key: SchemaKey | None = None
         # Module state: the modules walked, the last state seen and its token.
         self._modules: list[torch.nn.Module] = []
-        self._dicts: list[dict] = []
+        self._watched: tuple = ([], [], [])
         self._module_names: list[str] = []
         self._snap: list | None = None
         self._state: tuple | None = None
         self._state_token = 0
+        self._epoch = 0  # changes seen in the module tree (module/direct.py re-checks on one)
         self._tokens: dict[tuple, int] = {}
         self._token_info: dict[int, tuple[list[str], tuple]] = {}
         self._refresh_modules()
@@ -187,13 +194,14 @@ class TransitionManager:
         named = list(self.module.named_modules(remove_duplicate=False))
         self._module_names = [n for n, _ in named]
         self._modules = [m for _, m in named]
-        self._dicts = [m.__dict__ for m in self._modules]
+        self._watched = watched([m.__dict__ for m in self._modules])
         self._snap = None
 
     def _state_key(self) -> int:
-        snap = snapshot(self._dicts)
+        snap = snapshot(self._watched)
         if same_snapshot(self._snap, snap):
             return self._state_token
+        self._epoch += 1
         # Something changed (or submodules were added or replaced): walk the tree again
         # and look the state up; equal states share a token, so switching back and forth
         # (train/eval) reuses entries.
@@ -204,7 +212,7 @@ class TransitionManager:
             token = len(self._tokens) + 1
             self._tokens[state] = token
             self._token_info[token] = (list(self._module_names), state)
-        self._snap = snapshot(self._dicts)
+        self._snap = snapshot(self._watched)
         self._state, self._state_token = state, token
         return token
 
@@ -225,7 +233,64 @@ class TransitionManager:
         self._last_key = key
         if entry.eager:
             return self.module(*args, **kwargs)
+        if entry.direct and self.options.direct_inference and not _autocast():
+            runner = entry.runner
+            if runner is None or not runner.matches(tensors):
+                runner = self._direct_runner(entry, tensors)
+            if runner is not None:
+                return self._run_direct(entry, runner, tensors)
         return self._run(entry, tensors, args, kwargs)
+
+    # -- direct inference (module/direct.py) -------------------------------------------
+    def _direct_runner(self, entry: Entry, tensors: list) -> "direct.DirectRunner | None":
+        """The entry's runner for these input shapes, exported now if new; None where
+        the call goes through Dynamo."""
+        shapes = direct.shape_key(tensors)
+        runner = entry.runners.get(shapes)
+        if runner is None and entry.direct_refused is None:
+            if len(entry.runners) >= direct.MAX_RUNNERS:
+                entry.direct_refused = f"more than {direct.MAX_RUNNERS} input shapes"
+                logger.info("lort.ORTModule(%s): schema s%d: %s; further shapes go through Dynamo",
+                            self.name, entry.index, entry.direct_refused)
+                return None
+            if entry.runners:
+                last = entry.runner or next(reversed(entry.runners.values()))
+                reason = direct.describe_change(last.shapes, shapes, io.arg_paths(entry.key.spec, self._arg_names))
+                self._log_capture(entry, f"{reason} (exported for these shapes)")
+            runner = self._build_direct(entry, tensors)
+        entry.runner = runner
+        return runner
+
+    def _build_direct(self, entry: Entry, tensors: list) -> "direct.DirectRunner | None":
+        try:
+            runner = direct.build(self.module, entry.key.spec, tensors, entry.backend,
+                                  list(zip(self._module_names, self._modules)), self._epoch)
+        except direct.ExportRefused as e:
+            entry.direct_refused = str(e)
+            logger.info("lort.ORTModule(%s): schema s%d goes through Dynamo: %s", self.name, entry.index, e)
+            return None
+        entry.runners[runner.shapes] = runner
+        logger.info("lort.ORTModule(%s): schema s%d exported for direct inference", self.name, entry.index)
+        return runner
+
+    def _run_direct(self, entry: Entry, runner: "direct.DirectRunner", tensors: list) -> Any:
+        try:
+            out = runner.run(tensors, self._epoch)
+        except direct.Stale as e:
+            entry.runners.pop(runner.shapes, None)
+            entry.runner = None
+            self._log_capture(entry, f"{e} (exported again)")
+            runner = self._build_direct(entry, tensors)
+            if runner is None:
+                return self._run(entry, tensors, *io.unflatten(entry.key.spec, tensors))
+            entry.runner = runner
+            out = runner.run(tensors, self._epoch)
+        entry.calls += 1
+        return out
+
+    def _log_capture(self, entry: Entry, reason: str) -> None:
+        self.captures.append(Capture(entry.index, reason))
+        logger.info("lort.ORTModule(%s): re-capture of schema s%d: %s", self.name, entry.index, reason)
 
     def _new_entry(self, key: SchemaKey) -> Entry:
         reason = self._reason(key)
@@ -352,6 +417,10 @@ class TransitionManager:
             where = where.rsplit("#", 1)[-1].strip()
             return f"Dynamo guard failed: {code.strip()}" + (f" ({where})" if where else "")
         return "Dynamo captured the entry again"
+
+
+def _autocast() -> bool:
+    return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
 
 
 def _dt(dtype: torch.dtype) -> str:

@@ -1,0 +1,267 @@
+"""ORTModule's direct inference (Options.direct_inference): a no-grad call of a schema
+runs a graph captured by torch.export, without Dynamo's per-call guards.
+
+The transition manager's schema key already covers the input structure, non-tensor
+inputs, dtypes, ranks, devices, grad mode and the module state (training flags, plain
+attributes, parameters, buffers, submodules, hooks). A ``DirectRunner`` is one exported
+graph of a schema for one set of input shapes and strides; each call it also checks, at
+C speed where it can:
+
+- the inputs' shapes and strides (another set gets its own runner);
+- the weights' data pointers: a moved weight (``p.data = t``) with another dtype, shape,
+  stride or device makes the runner stale; one with the same is seen by the frozen-weight
+  guard (runtime/frozen.py), which freezes it again;
+- the plain attributes of the objects the modules hold (a Hugging Face config): a change
+  makes the runner stale.
+
+A stale runner is exported again. What no check sees: Python globals, closures, and
+containers mutated in place (a list attribute appended to); Options.direct_inference=False
+keeps Dynamo for such modules."""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Callable
+
+import torch
+
+from ..backend import LortBackend
+from ..capture.export import ExportedGraph, ExportRefused, decomposition_table, export_inference
+from ..compile import disk_cache
+from ..compile.graph_executor import ChooseOnFirstCall
+from ..fusion import support
+from ..runtime.group import OrtGroup
+from . import io
+from .state import PLAIN, same_snapshot
+
+logger = logging.getLogger("lort.module")
+
+_SHAPE = operator.attrgetter("shape")
+_STRIDE = torch.Tensor.stride
+_DATA_PTR = torch.Tensor.data_ptr
+#: Runners (input shapes) per schema; calls with further shapes go through Dynamo.
+MAX_RUNNERS = 4
+
+
+class Stale(Exception):
+    """A runner's graph no longer describes the module (the reason is the message)."""
+
+
+class _Box:
+    value = None
+
+
+class _Flat(torch.nn.Module):
+    """``module`` as a function of a schema's flat input tensors, returning its output
+    tensors (the output's structure is kept in ``out_spec`` while tracing: in a list, as
+    torch.export restores the module's attributes after tracing)."""
+
+    def __init__(self, module: torch.nn.Module, spec: tuple):
+        super().__init__()
+        self.m = module
+        self._spec = spec
+        self._out = _Box()
+
+    def forward(self, *flat):
+        args, kwargs = io.unflatten(self._spec, flat)
+        tensors, self._out.value = io.flatten(self.m(*args, **kwargs))
+        return tuple(tensors)
+
+    @property
+    def out_spec(self):
+        return self._out.value
+
+
+def shape_key(tensors: list[torch.Tensor]) -> tuple:
+    return tuple(map(_SHAPE, tensors)), tuple(map(_STRIDE, tensors))
+
+
+class DirectRunner:
+    """One exported graph: ``run(tensors)`` returns the module's output."""
+
+    def __init__(self, fn: Callable, exported: ExportedGraph, out_spec, shapes: tuple, modules: list,
+                 root: torch.nn.Module, epoch: int):
+        self._fn = fn
+        self.shapes = shapes
+        self._out_spec = out_spec
+        self._weights = [exported.example_inputs[i] for i in sorted(exported.weights)]
+        self._weight_names = [exported.weights[i][0] for i in sorted(exported.weights)]
+        self._meta = [_meta(t) for t in self._weights]
+        self._ptrs = list(map(_DATA_PTR, self._weights))
+        # The k-th of (*weights, *tensors) is placeholder order[k].
+        self._order = sorted(exported.weights) + exported.user_inputs
+        self._call = self._general(fn)
+        self._settled = False
+        # What the module state's token does not cover: the objects held as attributes
+        # (their identity, checked when the module tree changed, and their attributes,
+        # checked on every call) and the tensor attributes lifted as constants.
+        self._held = held_objects(modules)
+        self._held_dicts = [obj.__dict__ for *_, obj in self._held]
+        self._held_values = [tuple(d.values()) for d in self._held_dicts]
+        self._attributes = [(target, operator.attrgetter(target), exported.example_inputs[i])
+                            for i, target in exported.targets.items()]
+        self._root = root
+        self.epoch = epoch
+
+    def matches(self, tensors: list[torch.Tensor]) -> bool:
+        return shape_key(tensors) == self.shapes
+
+    def run(self, tensors: list[torch.Tensor], epoch: int):
+        """The module's output; ``epoch`` counts the changes the transition manager saw
+        in the module tree (attributes set, replaced or deleted)."""
+        weights = self._weights
+        if list(map(_DATA_PTR, weights)) != self._ptrs:
+            self._weights_moved()
+        if epoch != self.epoch:
+            self._replaced()
+            self.epoch = epoch
+        if self._held and not same_snapshot(self._held_values, [tuple(d.values()) for d in self._held_dicts]):
+            raise Stale(self._held_change())
+        outs = self._call(weights, tensors)
+        if not self._settled:
+            self._settle(fn=self._fn)
+        return io.unflatten(self._out_spec, outs)
+
+    # -- the call ----------------------------------------------------------------------
+    def _general(self, fn: Callable) -> Callable:
+        """Calls ``fn`` (the graph, or eager PyTorch over the same arguments) with the
+        placeholders in their order."""
+        order = self._order
+        if order == list(range(len(order))):
+            return lambda weights, tensors: list(fn(*weights, *tensors))
+
+        def call(weights, tensors):
+            args = [None] * len(order)
+            for pos, t in zip(order, (*weights, *tensors)):
+                args[pos] = t
+            return list(fn(*args))
+
+        return call
+
+    def _settle(self, fn: Callable) -> None:
+        """After the first call (executor="auto" has chosen): a graph that is one ORT
+        group is called without the FX graph around it."""
+        if isinstance(fn, ChooseOnFirstCall):
+            if fn.chosen is None:
+                return
+            fn = fn.chosen
+        self._settled = True
+        single = _single_group(fn)
+        if single is None:
+            self._call = self._general(fn)
+            return
+        group, arg_places, out_index = single
+        source = {pos: k for k, pos in enumerate(self._order)}  # placeholder -> index in (*weights, *tensors)
+        picks = [source[p] for p in arg_places]
+        pick = operator.itemgetter(*picks) if len(picks) > 1 else (lambda a: (a[picks[0]],))
+        forward = group.forward
+        if out_index == list(range(len(group.where))):
+            self._call = lambda weights, tensors: forward(*pick((*weights, *tensors)))
+        else:
+            select = operator.itemgetter(*out_index) if len(out_index) > 1 else (lambda a: (a[out_index[0]],))
+            self._call = lambda weights, tensors: select(forward(*pick((*weights, *tensors))))
+
+    def _weights_moved(self) -> None:
+        for name, t, meta in zip(self._weight_names, self._weights, self._meta):
+            if _meta(t) != meta:
+                raise Stale(f"weight {name} changed to {t.dtype}{list(t.shape)} on {t.device} (was {meta[0]}"
+                            f"{list(meta[1])} on {meta[3]})")
+        self._ptrs = list(map(_DATA_PTR, self._weights))
+
+    def _held_change(self) -> str:
+        for (where, *_), d, values in zip(self._held, self._held_dicts, self._held_values):
+            if not same_snapshot([values], [tuple(d.values())]):
+                return f"an attribute of {where} changed"
+        return "an attribute of an object the module holds changed"
+
+    def _replaced(self) -> None:
+        for where, d, key, obj in self._held:
+            if d.get(key, None) is not obj:
+                raise Stale(f"attribute {where} replaced")
+        for target, get, tensor in self._attributes:
+            try:
+                found = get(self._root)
+            except AttributeError:
+                found = None
+            if found is not tensor:
+                raise Stale(f"tensor attribute {target.removeprefix('m.')} replaced")
+
+
+def _single_group(fn) -> tuple | None:
+    """(the OrtGroup, the placeholder each of its arguments is, which of its outputs the
+    graph returns) where ``fn`` is an FX graph that only calls one OrtGroup; else None."""
+    if not isinstance(fn, torch.fx.GraphModule):
+        return None
+    nodes = list(fn.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    calls = [n for n in nodes if n.op == "call_module"]
+    if len(calls) != 1 or calls[0].kwargs or not all(a in placeholders for a in calls[0].args):
+        return None
+    call = calls[0]
+    group = fn.get_submodule(call.target)
+    out = nodes[-1].args[0] if nodes[-1].op == "output" else None
+    picks = [n for n in nodes if n.op == "call_function" and n.target is operator.getitem and n.args[0] is call]
+    if not isinstance(group, OrtGroup) or len(nodes) != len(placeholders) + 2 + len(picks) \
+            or not isinstance(out, (tuple, list)) or not all(o in picks for o in out):
+        return None
+    return group, [placeholders.index(a) for a in call.args], [o.args[1] for o in out]
+
+
+def describe_change(old: tuple, new: tuple, paths: list[str]) -> str:
+    """How two ``shape_key``s differ, naming the inputs."""
+    parts = []
+    for what, olds, news in (("shape", old[0], new[0]), ("strides", old[1], new[1])):
+        for path, a, b in zip(paths, olds, news):
+            if tuple(a) != tuple(b):
+                parts.append(f"input '{path}' {what} changed {tuple(a)} -> {tuple(b)}")
+    return "; ".join(parts) or "input shapes changed"
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return t.dtype, tuple(t.shape), tuple(t.stride()), t.device
+
+
+#: Attribute values that are no plain object a forward reads settings from (containers,
+#: OrderedDicts of hooks included, are compared by the module state as they are).
+_NOT_HELD = (torch.Tensor, torch.nn.Module, type, dict, list, tuple, set, frozenset)
+
+
+def held_objects(modules: list[tuple[str, torch.nn.Module]]) -> list[tuple[str, dict, str, object]]:
+    """(where, the module's ``__dict__``, the attribute, the object) for each plain Python
+    object the modules hold as an attribute (a Hugging Face config, a settings object),
+    each once, whose attributes a forward may read: not tensors, modules, functions or
+    containers."""
+    seen, out = set(), []
+    for name, m in modules:
+        d = m.__dict__
+        for key, v in d.items():
+            if (type(v) in PLAIN or isinstance(v, _NOT_HELD) or callable(v)
+                    or id(v) in seen or not isinstance(getattr(v, "__dict__", None), dict) or key.startswith("__")):
+                continue
+            seen.add(id(v))
+            out.append((f"{name}.{key}" if name else key, d, key, v))
+    return out
+
+
+def build(module: torch.nn.Module, spec: tuple, tensors: list[torch.Tensor], backend: LortBackend,
+          modules: list, epoch: int) -> DirectRunner:
+    """Export ``module`` for a schema's call, compile it with ``backend``. Raises
+    ExportRefused."""
+    opts = backend.options
+    names = support.implemented_overload_names(disk_cache.for_options(opts))
+    table = decomposition_table(opts.decompose_conv_backward, names)
+    flat = _Flat(module, spec)
+    exported = export_inference(flat, tensors, table, prefix="m.")
+    out_spec = flat.out_spec
+    user = exported.user_inputs
+
+    def eager(*args):
+        with torch.no_grad():
+            return flat(*[args[i] for i in user])
+
+    fn = backend.compile_exported(exported, eager)
+    return DirectRunner(fn, exported, out_spec, shape_key(tensors), modules, flat, epoch)
+
+
+__all__ = ["DirectRunner", "ExportRefused", "MAX_RUNNERS", "Stale", "build", "describe_change", "held_objects", "shape_key"]
