@@ -46,6 +46,7 @@ import lort  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cuda_common  # noqa: E402
+from module_column import HEADER_CELLS, HEADER_RULE, MODULE, add_module_step, module_cells, module_summary, module_where  # noqa: E402,E501
 from whole_ort import WHOLE, WHOLE_TEXT, whole_cells, whole_notes, whole_ort_step, whole_summary  # noqa: E402
 
 SCENARIOS = {"infer1": ("inference", 1), "infer8": ("inference", 8), "train": ("train", 8)}
@@ -170,9 +171,13 @@ def run(models, scenarios, min_time):
                 firsts[backend] = time.perf_counter() - t0
                 steps[backend] = step
             whole = add_whole(name, scenario, steps)
+            if SCENARIOS[scenario][0] == "inference":
+                add_module_step(steps, firsts, *model_and_args(name, scenario)[1:])
             times = timed_interleaved(steps, min_time * len(steps))
-            row = dict(model=name, scenario=scenario, times=times, firsts=firsts, where=where_lort_ran(steps["lort"]),
-                       whole=whole)
+            where = where_lort_ran(steps["lort"])
+            if MODULE in steps:
+                where += f"; ORTModule {module_where(steps[MODULE])}"
+            row = dict(model=name, scenario=scenario, times=times, firsts=firsts, where=where, whole=whole)
             rows.append(row)
             print(format_row(row), flush=True)
     return rows
@@ -202,6 +207,8 @@ def run_cuda(models, scenarios, min_time, on_row, profile=False):
                     errors[backend] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
                     print(f"{name} {scenario} {backend} failed: {errors[backend]}", flush=True)
             whole = add_whole(name, scenario, steps, "cuda", sync)
+            if CUDA_SCENARIOS[scenario][0] == "inference":
+                add_module_step(steps, firsts, *model_and_args(name, scenario, "cuda")[1:], sync)
             try:
                 times = timed_interleaved(steps, min_time * len(steps), sync=sync) if steps else {}
             except Exception as e:  # noqa: BLE001 - reported in the table
@@ -247,17 +254,19 @@ def format_row(row):
         ms = " | ".join(f"{t[b] * 1e3:9.3f}" if b in t else "failed" for b in BACKENDS)
         firsts = " | ".join(f"{row['firsts'][b]:7.1f}" if b in row["firsts"] else "-" for b in ("inductor", "lort"))
         why = "; ".join(f"{b}: {e}" for b, e in row.get("errors", {}).items())
-        return f"| {row['model']:<12} | {row['scenario']:<7} | {ms} | - | - | {firsts} | {row['where']} ({why}) | {whole_cells(row)} |"
+        return (f"| {row['model']:<12} | {row['scenario']:<7} | {ms} | - | - | {firsts} | {row['where']} ({why}) | "
+                f"{whole_cells(row)} |{module_cells(row, WHOLE)}")
     return (
         f"| {row['model']:<12} | {row['scenario']:<7} | {t['eager'] * 1e3:9.3f} | {t['inductor'] * 1e3:9.3f} | "
         f"{t['lort'] * 1e3:9.3f} | {t['eager'] / t['lort']:6.2f}x | {t['inductor'] / t['lort']:6.2f}x | "
         f"{row['firsts']['inductor']:7.1f} | {row['firsts']['lort']:7.1f} | {row['where']} | {whole_cells(row)} |"
+        f"{module_cells(row, WHOLE)}"
     )
 
 
 HEADER = (
-    "| model        | run     |  eager ms | inductor ms |  lort ms | lort vs eager | lort vs inductor | inductor 1st call s | lort 1st call s | lort ran in | whole ORT ms | lort vs whole ORT |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"
+    "| model        | run     |  eager ms | inductor ms |  lort ms | lort vs eager | lort vs inductor | inductor 1st call s | lort 1st call s | lort ran in | whole ORT ms | lort vs whole ORT |"
+    + HEADER_CELLS + "\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|" + HEADER_RULE
 )
 
 
@@ -314,7 +323,7 @@ def cuda_report(rows: list, runs: int) -> str:
             gi = geomean([r["times"]["inductor"] / r["times"]["lort"] for r in sel])
             lines.append(
                 f"- {s}: geomean lort speed-up {ge:.2f}x over eager, {gi:.2f}x over inductor ({len(sel)} models)"
-                f"{whole_summary(sel)}"
+                f"{whole_summary(sel)}{module_summary(sel, WHOLE)}"
             )
     failed = [f"{r['model']} {r['scenario']}" for r in rows if r not in done]
     if failed:
@@ -417,7 +426,8 @@ def main(argv=None):
         if sel:
             ge = geomean([r["times"]["eager"] / r["times"]["lort"] for r in sel])
             gi = geomean([r["times"]["inductor"] / r["times"]["lort"] for r in sel])
-            lines.append(f"- {s}: geomean lort speed-up {ge:.2f}x over eager, {gi:.2f}x over inductor{whole_summary(sel)}")
+            lines.append(f"- {s}: geomean lort speed-up {ge:.2f}x over eager, {gi:.2f}x over inductor{whole_summary(sel)}"
+                         f"{module_summary(sel, WHOLE)}")
     text = "\n".join(lines) + "\n"
     with open(a.out, "w") as f:
         f.write(text)

@@ -119,3 +119,12 @@ def test_unhashable_leaf_is_a_clear_error():
         io.flatten([torch.randn(1), Opaque()])
     with pytest.raises(UnsupportedInputError, match="dict key"):
         io.flatten({object(): 1})
+
+
+def test_tensor_only_calls_take_the_same_spec_without_walking():
+    t = torch.zeros(2)
+    for args in [(t,), (t, t, t), ()]:
+        fast_tensors, fast_spec = io.flatten_call(args, {}, ["x"])
+        walked_tensors, walked_spec = io.flatten_call(args, {}, ["x"], paths=[])
+        assert fast_spec == walked_spec
+        assert all(a is b for a, b in zip(fast_tensors, walked_tensors)) and len(fast_tensors) == len(args)
