@@ -218,6 +218,38 @@ def test_direct_inference_off_and_autocast_use_dynamo(net):
         lort.Options(direct_inference="yes")
 
 
+class Holder:
+    """An object a forward returns, holding a tensor (as transformers' DynamicCache does)."""
+
+    def __init__(self, t):
+        self.t = t
+
+
+class ReturnsHolder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y, Holder(y * 2)
+
+
+def test_an_output_object_holding_tensors_goes_through_dynamo():
+    """Such an object is a constant of the output's structure: made while tracing, its
+    tensors would be torch.export's fake ones. Dynamo rebuilds it on every call."""
+    torch.manual_seed(0)
+    model = ReturnsHolder().eval()
+    x = torch.randn(2, 4)
+    om = lort.ORTModule(model, options=OPTS)
+    with torch.no_grad():
+        (y, held), (ref_y, ref_held) = om(x), model(x)
+    torch.testing.assert_close(y, ref_y)
+    assert type(held.t) is torch.Tensor
+    torch.testing.assert_close(held.t, ref_held.t)
+    assert "the output holds a Holder" in _entry(om).direct_refused
+
+
 @pytest.mark.parametrize("name", ["bert", "mobilenetv3"])
 def test_real_models_match_eager(name):
     model, args = CASES[name].make(2)

@@ -254,6 +254,10 @@ def build(module: torch.nn.Module, spec: tuple, tensors: list[torch.Tensor], bac
     flat = _Flat(module, spec)
     exported = export_inference(flat, tensors, table, prefix="m.")
     out_spec = flat.out_spec
+    opaque = io.opaque_constant(out_spec)
+    if opaque is not None:
+        # It was made while tracing (its tensors fake): only Dynamo can rebuild it per call.
+        raise ExportRefused(f"the output holds a {opaque.__name__}, which lort cannot rebuild without Dynamo")
     user = exported.user_inputs
 
     def eager(*args):

@@ -82,6 +82,22 @@ def _tensor_call_spec(n: int) -> tuple:
     return spec
 
 
+def opaque_constant(spec: tuple) -> type | None:
+    """The type of the first constant leaf of ``spec`` that is no plain constant (an
+    object kept as it was, which may hold tensors: a Hugging Face DynamicCache), or None."""
+    kind = spec[0]
+    if kind == "const":
+        return None if isinstance(spec[2], _CONSTANT_TYPES) else spec[1]
+    if kind == "tensor":
+        return None
+    children = spec[1] if kind in ("tuple", "list") else spec[2] if kind == "namedtuple" else spec[3]
+    for child in children:
+        found = opaque_constant(child)
+        if found is not None:
+            return found
+    return None
+
+
 def arg_paths(spec: tuple, arg_names: list[str]) -> list[str]:
     """The path of each tensor leaf of a ``flatten_call`` spec."""
     paths: list[str] = []

@@ -53,23 +53,22 @@ def watched(dicts: list[dict]) -> tuple:
     )
 
 
-def snapshot(watch: tuple) -> tuple | None:
+def snapshot(watch: tuple) -> list | None:
     """What ``module_state`` depends on, by identity, read by C-level maps: the number of
     each module's attributes and the values of its own ones, the parameters, buffers
     and submodules, and the number of hooks; None where an attribute was deleted. Used
     to skip ``module_state`` while nothing changed."""
     modules, getters, registries, hooks = watch
     try:
-        own = list(map(operator.call, getters, modules))
+        return list(chain(
+            map(len, modules),
+            map(operator.call, getters, modules),
+            chain.from_iterable(map(dict.values, registries)),
+            map(len, registries),
+            map(len, hooks),
+        ))
     except KeyError:
         return None
-    return (
-        list(map(len, modules)),
-        own,
-        list(chain.from_iterable(map(dict.values, registries))),
-        list(map(len, registries)),
-        list(map(len, hooks)),
-    )
 
 
 def same_snapshot(a, b) -> bool:
