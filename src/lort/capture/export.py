@@ -16,7 +16,6 @@ import operator
 
 import torch
 import torch.fx
-from torch._decomp import decomposition_table as _pytorch_decompositions
 from torch.export.graph_signature import InputKind, OutputKind
 
 from ..errors import CaptureError
@@ -26,9 +25,19 @@ logger = logging.getLogger("lort")
 
 aten = torch.ops.aten
 
-#: Ops torch.export's decompositions reach that AOTAutograd's do not: SDPA's CPU kernel
-#: choice (its math form follows, as in the Dynamo path's graphs).
-_EXTRA = (aten._scaled_dot_product_flash_attention_for_cpu.default,)
+
+
+def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    """SDPA as its math form, as in the Dynamo path's graphs. torch.export would pick a
+    fused kernel (flash attention on CPU), whose decomposition gives its output other
+    strides than the kernel's: a later ``view`` then fails (GPT-2)."""
+    return aten._scaled_dot_product_attention_math(
+        query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
+    )[0]
+
+
+#: What torch.export must decompose otherwise than AOTAutograd's table says.
+_EXTRA = {aten.scaled_dot_product_attention.default: _sdpa_math}
 #: Checks torch.export inserts (``x.to(dtype)`` metadata); the direct path's schema
 #: checks the same at run time.
 _ASSERTS = (aten._assert_tensor_metadata.default,)
@@ -69,8 +78,7 @@ def decomposition_table(decompose_conv_backward: bool, implemented: tuple[str, .
             table.pop(op)
     for op, fn in lort_table.items():
         table[op] = fn
-    for op in _EXTRA:
-        table[op] = _pytorch_decompositions[op]
+    table.update(_EXTRA)
     return table
 
 
