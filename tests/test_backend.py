@@ -60,6 +60,26 @@ def test_bad_option_values_are_clear_errors(options, message):
         lort.Options.resolve(options)
 
 
+def test_torch_compile_mode_sets_lorts_run_mode_or_is_a_clear_error():
+    x, w = inputs()
+    torch._dynamo.reset()
+    backend_calls = []
+    real = lort.backend.LortBackend.__init__
+
+    def spy(self, options=None, tuner=None):
+        real(self, options, tuner)
+        backend_calls.append(self.options.mode)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lort.backend.LortBackend, "__init__", spy)
+        out = torch.compile(f, backend="lort", mode="debug")(x, w)
+    torch.testing.assert_close(out, f(x, w), rtol=1e-5, atol=1e-6)
+    assert backend_calls == ["debug"]
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="mode='max-autotune'.*inductor's"):
+        torch.compile(f, backend="lort", mode="max-autotune")(x, w)
+
+
 def test_unknown_provider_is_a_clear_error():
     with pytest.raises(Exception, match="TensorrtExecutionProvider"):
         torch.compile(f, backend="lort", options={"providers": ["TensorrtExecutionProvider"]})(*inputs())

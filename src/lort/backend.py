@@ -154,8 +154,21 @@ def _aligned(weights: dict[int, str], real: list, fake: list) -> dict[int, tuple
     return out
 
 
-def lort_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Any = None) -> Callable:
-    """Entry point of ``torch.compile(model, backend="lort", options={...})``."""
+#: torch.compile's ``mode`` values lort takes: its run modes (Options.mode).
+RUN_MODES = ("ort", "pytorch", "debug")
+
+
+def lort_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Any = None, mode: str | None = None) -> Callable:
+    """Entry point of ``torch.compile(model, backend="lort", options={...})``;
+    ``torch.compile(..., mode="debug")`` (or "ort", "pytorch") sets lort's run mode."""
+    if mode is not None:
+        if mode not in RUN_MODES:
+            raise ValueError(
+                f"torch.compile(backend='lort', mode={mode!r}): lort's modes are {RUN_MODES} "
+                "(its run modes, Options.mode); modes such as 'max-autotune' or 'reduce-overhead' are inductor's. "
+                "Other settings go in options={...} (lort.Options)"
+            )
+        options = {"mode": mode}
     return LortBackend(options)(gm, example_inputs)
 
 
