@@ -657,6 +657,17 @@ CASES: list[Case] = [
       grad=False),
     C("nan_max_pool2d_pad_grad", lambda x: F.max_pool2d(x, 3, 2, padding=1),
       lambda: (torch.where(torch.rand(2, 3, 7, 7) < 0.2, NAN, torch.randn(2, 3, 7, 7)),)),
+    # ORT's MaxPool gives the lowest float for a window of -inf only (PyTorch -inf); the
+    # inference form of the fix (depthwise convolutions, float32 4-d) and the select form
+    # (gradients, float64, ceil_mode, 3-d) both.
+    C("neg_inf_max_pool2d", lambda x: F.max_pool2d(x, 2), lambda: (_neg_inf_windows(),), grad=False),
+    C("neg_inf_max_pool2d_pad", lambda x: F.max_pool2d(x, 3, 1, padding=1, dilation=2), lambda: (_neg_inf_windows(),),
+      grad=False),
+    C("neg_inf_max_pool2d_grad", lambda x: F.max_pool2d(x, 2), lambda: (_neg_inf_windows(),)),
+    C("neg_inf_max_pool2d_f64_ceil", lambda x: F.max_pool2d(x.double(), 2, ceil_mode=True) + 0,
+      lambda: (_neg_inf_windows()[..., :5],), grad=False),
+    C("neg_inf_max_pool3d", lambda x: F.max_pool3d(x, 2), lambda: (_neg_inf_windows()[:, None].repeat(1, 1, 2, 1, 1),),
+      grad=False),
     C("nan_sign", torch.sign, lambda: (_with_nans(),), grad=False),
     C("sum_int64_beyond_2_53", lambda a: a.sum() + 0, lambda: (torch.tensor([2**53 + 1, 2]),), grad=False,
       xfail="ORT's ReduceSum on int64 loses precision beyond 2**53 (9007199254740995 -> ...994): "
@@ -689,6 +700,23 @@ def _with_nans(rows=3):
     if rows == 3:
         x[2, 2] = -INF
     return x[:rows].clone()
+
+
+def _neg_inf_windows():
+    """(1, 16, 6, 6): 2x2 windows of -inf only, of -inf beside the lowest float, NaN and
+    +inf, of -inf beside NaN and beside +inf, and of -0 only; the rest random. 16
+    channels: ORT's blocked (NCHWc) MaxPool, which starts from the lowest float."""
+    x = torch.randn(1, 16, 6, 6)
+    x[0, 0, 0:2, 0:2] = -INF
+    x[0, 0, 0:2, 2:4] = -INF
+    x[0, 0, 0, 2] = torch.finfo(torch.float32).min
+    x[0, 0, 2:4, 0:2] = -INF
+    x[0, 0, 2, 0] = NAN
+    x[0, 0, 2:4, 2:4] = -INF
+    x[0, 0, 3, 3] = INF
+    x[0, 1, 0:2, 0:2] = -0.0
+    x[0, 1, 4:6, :] = -INF
+    return x
 
 
 def _setitem(x, v):

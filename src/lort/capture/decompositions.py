@@ -233,20 +233,66 @@ def sign_nan(x):
     return aten.masked_fill.Scalar(aten.sign.default(x), aten.isnan.default(x), 0.0)
 
 
+def _pair(v, default=None) -> list:
+    """A 2-d pooling argument as two ints (an empty stride is the kernel's)."""
+    v = default if v is None or (isinstance(v, (list, tuple)) and not v) else v
+    return list(v) * (2 // len(v)) if isinstance(v, (list, tuple)) else [v, v]
+
+
+def _depthwise(x, weight: float, bias: float | None, kernel=(1, 1), stride=(1, 1), padding=(0, 0), dilation=(1, 1)):
+    """A depthwise convolution of ``x`` (N, C, H, W) with every weight ``weight`` and every
+    bias ``bias``."""
+    channels = x.shape[1]
+    w = aten.full.default([channels, 1, *kernel], weight, dtype=x.dtype, device=x.device)
+    b = None if bias is None else aten.full.default([channels], bias, dtype=x.dtype, device=x.device)
+    return aten.convolution.default(x, w, b, list(stride), list(padding), list(dilation), False, [0, 0], channels)
+
+
+def _window_fix(op, nd, x, nan, kernel_size, stride, padding, dilation, ceil_mode):
+    """What to add to ORT's max-pooled values to make them PyTorch's: NaN where the
+    window has a NaN (ORT skips it), -inf where every element is -inf (ORT gives the
+    dtype's lowest finite value, its initial maximum), +-0 elsewhere.
+
+    In float32 inference graphs it is built of depthwise convolutions and Relu, which ORT
+    keeps in its blocked (NCHWc) layout between convolutions (a select took the pooled
+    values out of it and back: cnn at batch 1, 0.14 against 0.07 ms). With M the largest
+    float32: v = relu(x / 2 + M) is 0 only for -inf, at least M / 2 for any other number,
+    NaN for NaN; s, its sum over the window, is 0 only where all of it is -inf; r =
+    relu(1 - s) is 1 there, 0 elsewhere, NaN for NaN; -M * r added to the pooled -M
+    overflows to -inf. Elsewhere (training graphs, whose weights are inputs anyway and
+    where these would add gradients; other dtypes, ranks, ceil_mode): selects over the
+    max-pooled masks."""
+    if nd == 2 and x.dim() == 4 and not ceil_mode and x.dtype == torch.float32 and not x.requires_grad:
+        big = float(torch.finfo(torch.float32).max)
+        kernel = _pair(kernel_size)
+        v = aten.relu.default(_depthwise(x, 0.5, big))
+        s = _depthwise(v, 1.0, None, kernel, _pair(stride, kernel), _pair(padding), _pair(dilation))
+        r = aten.relu.default(_depthwise(s, -1.0, 1.0))
+        return _depthwise(r, -big, None)
+    pool = functools.partial(op, kernel_size=kernel_size, stride=stride, padding=padding, dilation=dilation,
+                             ceil_mode=ceil_mode)
+    has_nan = pool(aten._to_copy.default(nan, dtype=x.dtype))[0]
+    finite_or_nan = aten._to_copy.default(aten.logical_not.default(aten.isneginf.default(x)), dtype=x.dtype)
+    all_neg_inf = aten.eq.Scalar(pool(finite_or_nan)[0], 0)
+    fix = aten.sqrt.default(aten.neg.default(has_nan))  # NaN, or -0 (which leaves every value as it is)
+    return aten.where.self(all_neg_inf, aten.scalar_tensor.default(float("-inf"), dtype=x.dtype, device=x.device), fix)
+
+
 def _max_pool_nan_fix(op, nd):
     @_nan_fix(op)
     def pool(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
         values, indices = op(x, kernel_size, stride, padding, dilation, ceil_mode)
+        nan = aten.isnan.default(x)
+        values = aten.add.Tensor(values, _window_fix(op, nd, x, nan, kernel_size, stride, padding, dilation, ceil_mode))
         spatial = list(x.shape[-nd:])
         plane = math.prod(spatial)
         pos_dtype = torch.float32 if plane <= 2**24 else torch.float64  # exact positions
         pos = aten.view.default(aten.arange.start_step(0, plane, 1, dtype=pos_dtype, device=x.device), spatial)
-        nan = aten.isnan.default(x)
-        # The last NaN of each window (PyTorch's index there), -1 where there is none.
+        # Indices (training graphs): the last NaN of each window (PyTorch's index there),
+        # -1 where there is none.
         nan_pos = op(aten.where.self(nan, pos, aten.scalar_tensor.default(-1.0, dtype=pos_dtype, device=x.device)),
                      kernel_size, stride, padding, dilation, ceil_mode)[0]
         has_nan = aten.ge.Scalar(nan_pos, 0)
-        values = aten.masked_fill.Scalar(values, has_nan, float("nan"))
         indices = aten.where.self(has_nan, aten._to_copy.default(nan_pos, dtype=torch.int64), indices)
         return values, indices
 
