@@ -40,3 +40,49 @@ def test_isclose_of_tiny_differences():
     got, expected = _through_lort(torch.isclose, torch.tensor([-0.0, 1e-30, INF, NAN]),
                                   torch.tensor([1e-30, 0.0, INF, NAN]))
     assert got.tolist() == expected.tolist() == [True, True, True, False]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.clamp_min(x, 1e-12), lambda x: torch.clamp_max(x, 5.0), lambda x: torch.clamp(x, min=0),
+    lambda x: torch.clamp(x, max=0.5), lambda x: torch.clamp_min(x, torch.tensor(0.5, dtype=x.dtype)),
+    lambda x: torch.nn.functional.normalize(x.reshape(2, 3), dim=1),
+])
+def test_one_sided_clamp_keeps_infinities(fn, dtype):
+    # ORT's Clip without a second bound clamps inf to the largest finite value.
+    x = torch.tensor([INF, -INF, 1.0, NAN, 0.2, 3e38], dtype=dtype)
+    _same(*_through_lort(fn, x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_angle_of_nan(dtype):
+    _same(*_through_lort(torch.angle, torch.tensor([NAN, -1.0, 0.0, -INF, 2.0], dtype=dtype)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_logcumsumexp_does_not_underflow(dtype):
+    # torch_lib subtracted the max of the whole dimension: [0, 500] gave [-inf, 500].
+    x = torch.tensor([[0.0, 500.0, -INF, INF, 1.0, NAN, 2.0], [0.0, 1.0, 2.0, 200.0, -3.0, 4.0, 5.0]], dtype=dtype)
+    got, expected = _through_lort(lambda x: torch.logcumsumexp(x, 1), x)
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    assert got[0, 0] == 0.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ord", [INF, -INF])
+def test_infinity_norms_propagate_nan(ord, dtype):
+    x = torch.tensor([[0.0, 5.0, NAN, 1.0], [1.0, -7.0, 2.0, 3.0]], dtype=dtype)
+    for fn in (lambda x: torch.linalg.vector_norm(x, ord), lambda x: torch.linalg.vector_norm(x, ord, dim=1)):
+        _same(*_through_lort(fn, x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log1p_of_tiny_values(dtype):
+    # torch_lib's log(1 + x) gave 0 for |x| below epsilon (xlog1py(3e38, 1e-30) gave 0).
+    x = torch.tensor([1e-30, -1e-30, -0.0, 0.0, 1e-10, -1.0, -2.0, INF, -INF, NAN, 0.5, 3e38], dtype=dtype)
+    got, expected = _through_lort(torch.log1p, x)
+    torch.testing.assert_close(got, expected, equal_nan=True, rtol=2e-7, atol=0)
+    assert torch.signbit(got[2]) and not torch.signbit(got[3])
+    big = torch.tensor([3e38, INF], dtype=dtype)
+    got, expected = _through_lort(torch.special.xlog1py, big, torch.tensor([1e-30, -1e-30], dtype=dtype))
+    torch.testing.assert_close(got, expected, rtol=2e-7, atol=0)

@@ -207,6 +207,13 @@ def table() -> dict:
             "torch_lib's signbit is x < 0: False for -0.0 (and for a NaN with its sign bit set), "
             "and it compares with a constant of shape [1], so a 0-d input gives a 1-d output",
         ),
+        aten.logcumsumexp.default: _when(
+            lambda n: _is_float_arg(n, 0),
+            "torch_lib's logcumsumexp subtracts the max of the whole dimension before a cumsum of "
+            "exp, so exp underflows to 0 before a large element (float32 logcumsumexp([0, 500]) "
+            "gave [-inf, 500]); lort's decomposition (capture/decompositions_ops.py) covers "
+            "dimensions up to 1024, longer ones run in PyTorch",
+        ),
         aten.scatter.src: _when(lambda n: _arg_shape(n, 0) == (), zero_dim_scatter),
         aten.scatter.value: _when(lambda n: _arg_shape(n, 0) == (), zero_dim_scatter),
         aten.scatter_add.default: _when(lambda n: _arg_shape(n, 0) == (), zero_dim_scatter),
