@@ -55,6 +55,14 @@ def test_one_sided_clamp_keeps_infinities(fn, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fn", [torch.diag, torch.diagonal_copy, torch.trace, lambda x: x.diagonal() + 1])
+def test_diagonal_ignores_what_is_off_it(fn, dtype):
+    # torch_lib's diagonal multiplies the plane by an identity mask: inf * 0 = NaN.
+    x = torch.tensor([[1.0, INF, NAN], [-INF, 2.0, 3.0], [NAN, 1e30, -0.5]], dtype=dtype)
+    _same(*_through_lort(fn, x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_angle_of_nan(dtype):
     _same(*_through_lort(torch.angle, torch.tensor([NAN, -1.0, 0.0, -INF, 2.0], dtype=dtype)))
 
@@ -74,6 +82,16 @@ def test_infinity_norms_propagate_nan(ord, dtype):
     x = torch.tensor([[0.0, 5.0, NAN, 1.0], [1.0, -7.0, 2.0, 3.0]], dtype=dtype)
     for fn in (lambda x: torch.linalg.vector_norm(x, ord), lambda x: torch.linalg.vector_norm(x, ord, dim=1)):
         _same(*_through_lort(fn, x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduce", ["amax", "amin"])
+def test_scatter_reduce_without_self_keeps_infinities(reduce, dtype):
+    # torch_lib started the reached elements at the dtype's largest finite value.
+    x = torch.zeros(3, dtype=dtype)
+    src = torch.tensor([-INF, -INF, INF, INF, 1.0], dtype=dtype)
+    index = torch.tensor([0, 0, 1, 1, 2])
+    _same(*_through_lort(lambda x, s: x.scatter_reduce(0, index, s, reduce, include_self=False), x, src))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
