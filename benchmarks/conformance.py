@@ -4,7 +4,9 @@ input gradients against eager (lort.testing.conformance says how). Runs the ops 
 processes and writes benchmarks/conformance.md (and the raw results as JSON beside it).
 
     python benchmarks/conformance.py [--workers 2] [--ops add,sin] [--dtypes float32]
-                                     [--samples 2] [--out FILE] [--json FILE]
+                                     [--samples 2] [--no-extreme] [--out FILE] [--json FILE]
+
+``--samples 0`` runs only the extreme-value sample (lort.testing.conformance_extreme).
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def render(results: list, args, seconds: float) -> str:
         f"int64 where the op supports them, its first {args.samples} sample inputs, through "
         "`torch.compile(fn, backend=lort.LortBackend(...), fullgraph=False)` against eager "
         "PyTorch: forward outputs, and for float dtypes of ops that support backward the "
-        "gradients of the inputs. `assert_close(equal_nan=True)` with rtol=1.3e-4, atol=1e-4 "
+        "gradients of the inputs; then, for float dtypes, an extreme-value sample (outputs only: "
+        "`lort.testing.conformance_extreme`). `assert_close(equal_nan=True)` with rtol=1.3e-4, atol=1e-4 "
         "(float32), rtol=atol=1e-7 (float64), exact for integers. Backend options "
         f"`{conformance.BACKEND_OPTIONS}`. An op whose eager result is not reproducible (two "
         "eager runs differ: random ops) is not applicable. The harness is "
@@ -100,7 +103,9 @@ def render(results: list, args, seconds: float) -> str:
         "a group or node runs in PyTorch after failing to translate or to run in ORT (the "
         "support check should have kept it out); *wrong* a value differs from eager; *crash* "
         "lort raised (or the worker died or timed out); *n/a* not applicable, with the reason; "
-        "*xfail* an expected failure listed in `XFAILS`.",
+        "*known difference* the extreme-value sample differs for a reason listed in "
+        "`conformance_extreme.KNOWN_DIFFERENCES` (PyTorch's own kernel in overflow territory, an input "
+        "outside the op's domain); *xfail* an expected failure listed in `XFAILS`.",
         "",
         "## Every (op, dtype) that is not right",
         "",
@@ -165,6 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", default=None, help="comma-separated OpInfo names (default: all)")
     ap.add_argument("--dtypes", default=",".join(conformance.DTYPES))
     ap.add_argument("--samples", type=int, default=conformance.SAMPLES)
+    ap.add_argument("--no-extreme", action="store_true", help="skip the extreme-value sample")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per op (all its dtypes)")
     ap.add_argument("--out", default=os.path.join(HERE, "conformance.md"))
     ap.add_argument("--json", default=None, help="where to write the raw results (default: none)")
@@ -182,7 +188,7 @@ def main(argv=None) -> int:
 
     start = time.perf_counter()
     results = run_sweep(names, dtypes, workers=a.workers, samples=a.samples, op_timeout_s=a.timeout,
-                        on_result=progress)
+                        on_result=progress, extreme=not a.no_extreme)
     seconds = time.perf_counter() - start
     results.sort(key=lambda r: (r.op, list(conformance.DTYPES).index(r.dtype)))
     if a.json:

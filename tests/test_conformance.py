@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 
 from lort.testing import conformance
 
@@ -104,13 +105,48 @@ def test_op(name, dtype):
     saved = dict(conformance.XFAILS)
     conformance.XFAILS.clear()
     try:
-        result = conformance.run_op(op, dtype)
+        result = conformance.run_op(op, dtype, extreme=False)
     finally:
         conformance.XFAILS.update(saved)
     assert result.status == "right", f"{name} {dtype}: {result.status}: {result.detail}"
     assert 1 <= result.samples <= conformance.SAMPLES
     if (name, dtype) not in ALL_IN_PYTORCH:
         assert result.ort_nodes > 0, f"{name} {dtype}: nothing ran in ORT"
+
+
+#: (OpInfo name, dtype) whose extreme-value sample (conformance_extreme) must come out
+#: right: ops found wrong on extreme values (logaddexp overflow, xlogy(0, NaN), float64
+#: isinf of 1e300, heaviside(NaN), logsumexp/log_softmax with NaN and inf, one-sided clamp
+#: of inf, diagonal beside inf, angle(NaN), logcumsumexp underflow, log1p of tiny values,
+#: isclose within atol) and common ones.
+EXTREME_CASES = [
+    ("logaddexp", "float32"), ("logaddexp", "float64"), ("xlogy", "float32"), ("isinf", "float64"),
+    ("heaviside", "float64"), ("logsumexp", "float32"), ("log_softmax", "float64"), ("clamp_min", "float32"),
+    ("nn.functional.normalize", "float32"), ("diag", "float64"), ("angle", "float32"),
+    ("logcumsumexp", "float32"), ("special.xlog1py", "float32"), ("isclose", "float32"),
+    ("add", "float32"), ("exp", "float64"), ("softmax", "float32"), ("nn.functional.gelu", "float32"),
+]
+
+
+@pytest.mark.parametrize("name,dtype", [pytest.param(n, d, id=f"{n}-{d}") for n, d in EXTREME_CASES])
+def test_extreme_sample(name, dtype):
+    result = conformance.run_op(_ops()[name], dtype, samples=0)
+    assert result.extreme == "right", f"{name} {dtype}: {result.status}: {result.detail}"
+    assert result.status == "right" and result.failed_sample == ""
+
+
+def test_extreme_fill_keeps_shapes_and_other_leaves():
+    from lort.testing import conformance_extreme
+
+    index = torch.tensor([0, 1])
+    leaves = [torch.zeros(3, 4), index, 2, torch.zeros(5, dtype=torch.float64)]
+    filled = conformance_extreme.fill(leaves)
+    assert filled[1] is index and filled[2] == 2
+    assert filled[0].shape == (3, 4) and filled[0].dtype == torch.float32
+    assert filled[3].dtype == torch.float64 and filled[0].isnan().any() and filled[0].isinf().any()
+    values = conformance_extreme.values(torch.float32)
+    assert filled[0].flatten()[: len(values)].tolist()[:2] == [0.0, -0.0]
+    assert conformance_extreme.pick([[torch.zeros(())], [torch.zeros(5), 1], [index]]) == 1
 
 
 def test_mean_share_without_views():

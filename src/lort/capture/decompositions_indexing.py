@@ -5,7 +5,9 @@ exactly (registered by ``decompositions.table``):
   ``cus_upper_bound``) run on every value at once: a fixed number of halving steps, each a
   gather and a compare, and the same ``!(mid >= value)`` / ``!(mid > value)`` tests, so
   NaN values, NaN in the sequence and unsorted sequences give PyTorch's indices.
-* ``diagonal_scatter`` as a ``scatter`` into the flattened (dim1, dim2) plane.
+* ``diagonal_scatter`` as a ``scatter`` into the flattened (dim1, dim2) plane, and float
+  ``diagonal`` / ``diagonal_copy`` as a gather from it (torch_lib's diagonal, an identity
+  mask times the plane, turned an inf off the diagonal into NaN on it).
 * ``index_reduce`` (prod, amax, amin, mean) as ``scatter_reduce``; 'mean' is a sum and a
   count, divided as PyTorch's kernel divides (floor division for integers), since
   torch_lib's scatter_reduce has no 'mean'.
@@ -64,30 +66,52 @@ def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=
     return start
 
 
+def _diagonal_plane(x, offset, dim1, dim2, length=None):
+    """x with dim1, dim2 moved last and flattened, the flat positions of its diagonal
+    ``offset`` (row * width + column; ``length`` of them, by default all), and the order
+    the dims were moved in; None where the decompositions below do not apply."""
+    nd = x.dim()
+    if nd < 2 or dim1 % nd == dim2 % nd:
+        return None
+    d1, d2 = dim1 % nd, dim2 % nd
+    rest = [d for d in range(nd) if d not in (d1, d2)]
+    height, width = x.shape[d1], x.shape[d2]
+    if length is None:
+        length = max(0, min(height + min(offset, 0), width - max(offset, 0)))
+    flat = aten.reshape.default(aten.permute.default(x, rest + [d1, d2]), [x.shape[d] for d in rest] + [height * width])
+    first = max(-offset, 0) * width + max(offset, 0)
+    positions = aten.arange.start_step(first, first + length * (width + 1), width + 1, dtype=torch.int64, device=x.device)
+    return flat, positions, rest + [d1, d2]
+
+
 def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     """aten.diagonal_scatter: move dim1, dim2 last, flatten them, scatter ``src`` at the
     diagonal's flat positions (row * width + column), and move them back."""
-    nd = x.dim()
-    if nd < 2:
-        return NotImplemented
-    d1, d2 = dim1 % nd, dim2 % nd
-    if d1 == d2 or src.dtype != x.dtype:
-        return NotImplemented
-    rest = [d for d in range(nd) if d not in (d1, d2)]
-    order = rest + [d1, d2]
-    moved = aten.permute.default(x, order)
-    height, width = x.shape[d1], x.shape[d2]
     length = src.shape[-1] if src.dim() > 0 else 0
-    if length == 0:
+    plane = _diagonal_plane(x, offset, dim1, dim2, length)
+    if plane is None or src.dtype != x.dtype:
+        return NotImplemented
+    flat, positions, order = plane
+    if positions.shape[0] == 0:
         return aten.clone.default(x)
-    flat = aten.reshape.default(moved, [x.shape[d] for d in rest] + [height * width])
-    first = max(-offset, 0) * width + max(offset, 0)
-    positions = aten.arange.start_step(first, first + length * (width + 1), width + 1, dtype=torch.int64, device=x.device)
     positions = aten.expand.default(positions, list(src.shape))
     scattered = aten.scatter.src(flat, -1, positions, src)
-    unflat = aten.reshape.default(scattered, [x.shape[d] for d in rest] + [height, width])
-    inverse = [order.index(d) for d in range(nd)]
+    unflat = aten.reshape.default(scattered, [x.shape[d] for d in order])
+    inverse = [order.index(d) for d in range(x.dim())]
     return aten.clone.default(aten.permute.default(unflat, inverse), memory_format=torch.contiguous_format)
+
+
+def float_diagonal(x, offset=0, dim1=0, dim2=1):
+    """aten.diagonal / diagonal_copy of a floating tensor as a gather of the diagonal's
+    flat positions: torch_lib multiplies the plane by an identity mask and sums it, so an
+    inf or NaN off the diagonal made the diagonal NaN (inf * 0)."""
+    if not x.dtype.is_floating_point or any(isinstance(s, torch.SymInt) for s in x.shape):
+        return NotImplemented
+    plane = _diagonal_plane(x, offset, dim1, dim2)
+    if plane is None or plane[1].shape[0] == 0:
+        return NotImplemented
+    flat, positions, _ = plane
+    return aten.index_select.default(flat, -1, positions)
 
 
 _tracing = threading.local()
@@ -97,12 +121,18 @@ def scatter_reduce_extremum(x, dim, index, src, reduce, *, include_self=True):
     """Float scatter_reduce amax/amin: ORT's ScatterElements max/min keep or drop a NaN by
     the order it meets it; PyTorch's result is NaN wherever a NaN (of ``src``, or of
     ``x`` when include_self) is reduced, which a count of the NaNs scattered there
-    restores. Other reductions and dtypes are left to the op."""
+    restores. Without include_self, the reached elements of ``x`` are first set to -inf
+    (amax) / inf (amin): torch_lib sets them to the dtype's largest finite value, so an
+    amax of -inf alone gave -3.4e38. Other reductions and dtypes are left to the op."""
     if reduce not in ("amax", "amin") or not x.dtype.is_floating_point or getattr(_tracing, "inner", False):
         return NotImplemented
+    start = x
+    if not include_self:  # torch_lib starts the reached elements at finfo.min/max, not -inf/inf
+        fill = aten.full_like.default(src, -math.inf if reduce == "amax" else math.inf)
+        start = aten.scatter.src(x, dim, index, fill)
     _tracing.inner = True  # the op below is the one ORT runs, not decomposed again
     try:
-        out = aten.scatter_reduce.two(x, dim, index, src, reduce, include_self=include_self)
+        out = aten.scatter_reduce.two(start, dim, index, src, reduce, include_self=True)
     finally:
         _tracing.inner = False
     nans = aten._to_copy.default(aten.isnan.default(src), dtype=x.dtype)
@@ -146,6 +176,8 @@ def table() -> dict:
     return {
         aten.searchsorted.Tensor: searchsorted,
         aten.diagonal_scatter.default: diagonal_scatter,
+        aten.diagonal.default: float_diagonal,
+        aten.diagonal_copy.default: float_diagonal,
         aten.index_reduce.default: index_reduce,
         aten.scatter_reduce.two: scatter_reduce_extremum,
         aten.cummax.default: _cumulative_extremum(True),

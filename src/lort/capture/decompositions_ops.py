@@ -74,7 +74,7 @@ def table(previous: dict) -> dict:
         aten.floor.default: integer_rounding,
         aten.ceil.default: integer_rounding,
         aten.round.default: integer_rounding,
-        aten.angle.default: integer_angle,
+        aten.angle.default: _chain(float_angle, integer_angle),
         torch.ops.prims.prod.default: prims_prod,
         aten.hardtanh_backward.default: hardtanh_backward,
         aten.native_layer_norm.default: float64_native_layer_norm,
@@ -82,6 +82,14 @@ def table(previous: dict) -> dict:
         aten._log_softmax.default: float64_log_softmax,
         aten.logsumexp.default: nan_propagating_logsumexp,
         aten.pow.Tensor_Scalar: square_root_powers,
+        aten.clamp.default: one_sided_clamp,
+        aten.clamp_min.default: lambda x, low: one_sided_clamp(x, low, None),
+        aten.clamp_max.default: lambda x, high: one_sided_clamp(x, None, high),
+        aten.clamp_min.Tensor: lambda x, low: zero_dim_bound(aten.maximum.default, x, low),
+        aten.clamp_max.Tensor: lambda x, high: zero_dim_bound(aten.minimum.default, x, high),
+        aten.logcumsumexp.default: logcumsumexp_over_pairs,
+        aten.linalg_vector_norm.default: infinity_norm,
+        aten.log1p.default: accurate_log1p,
         aten.isinf.default: compare_to_infinity("isinf", lambda x: aten.eq.Scalar(aten.abs.default(x), math.inf)),
         aten.isposinf.default: compare_to_infinity("isposinf", lambda x: aten.eq.Scalar(x, math.inf)),
         aten.isneginf.default: compare_to_infinity("isneginf", lambda x: aten.eq.Scalar(x, -math.inf)),
@@ -119,6 +127,16 @@ def integer_angle(x):
     dtype = torch.get_default_dtype()
     negative = aten._to_copy.default(aten.lt.Scalar(x, 0), dtype=dtype)
     return aten.mul.Tensor(negative, aten.scalar_tensor.default(math.pi, dtype=dtype, device=x.device))
+
+
+def float_angle(x):
+    """angle of a floating tensor: pi where it is negative, else 0, and NaN where it is
+    NaN, as PyTorch's (torch_lib's where(x < 0, pi, 0) gave 0 for NaN)."""
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    negative = aten._to_copy.default(aten.lt.Scalar(x, 0), dtype=x.dtype)
+    angle = aten.mul.Tensor(negative, aten.scalar_tensor.default(math.pi, dtype=x.dtype, device=x.device))
+    return aten.where.self(aten.isnan.default(x), x, angle)
 
 
 def prims_prod(x, dims, *, output_dtype=None):
@@ -197,3 +215,75 @@ def nan_propagating_logsumexp(x, dim, keepdim=False):
     if x.dim() == 0 or not x.dtype.is_floating_point:
         return NotImplemented
     return _pytorch_decomposition(aten.logsumexp.default, x, dim, keepdim)
+
+
+def one_sided_clamp(x, min=None, max=None):
+    """clamp of a floating tensor with one bound as clamp with the other bound infinite:
+    torch_lib gives ONNX Clip no other bound, and ORT's Clip then clamps to the dtype's
+    largest finite value, so clamp_min(inf, 1e-12) was 3.4e38 (PyTorch inf; normalize
+    gave 3e38 / 3.4e38 = 0.88 where PyTorch gives 0)."""
+    if not x.dtype.is_floating_point or (min is None) == (max is None):
+        return NotImplemented
+    low = -math.inf if min is None else min
+    high = math.inf if max is None else max
+    # An int bound beside an infinite one matches no overload of torch_lib's clamp.
+    low, high = (float(v) if isinstance(v, int) else v for v in (low, high))
+    return aten.clamp.default(x, low, high)
+
+
+def zero_dim_bound(op, x, bound):
+    """clamp_min/clamp_max of a floating tensor by a 0-d tensor of its dtype as ``op``
+    (maximum/minimum, which propagate NaN as clamp does): torch_lib uses Clip with one
+    bound there (see one_sided_clamp)."""
+    if not x.dtype.is_floating_point or bound.dim() != 0 or bound.dtype != x.dtype:
+        return NotImplemented
+    return op(x, bound)
+
+
+#: The longest dimension logcumsumexp_over_pairs writes as all pairs (L * L per row).
+LOGCUMSUMEXP_MAX_LENGTH = 1024
+
+
+def logcumsumexp_over_pairs(x, dim):
+    """logcumsumexp of a floating tensor as a logsumexp over all pairs j <= i (the others
+    masked to -inf), which lort makes NaN-propagating: torch_lib's subtracts the max of the
+    whole dimension before a cumsum of exp, so exp underflows to 0 for the elements before
+    a large one (float32 logcumsumexp([0, 500]) gave [-inf, 500], PyTorch [0, 500]).
+    Dimensions longer than LOGCUMSUMEXP_MAX_LENGTH are left to the op (known wrong: it
+    runs in PyTorch)."""
+    if not x.dtype.is_floating_point or x.dim() == 0 or x.shape[dim] > LOGCUMSUMEXP_MAX_LENGTH:
+        return NotImplemented
+    moved = aten.movedim.int(x, dim, -1)
+    length = moved.shape[-1]
+    rows = aten.unsqueeze.default(moved, -2)
+    pairs = aten.expand.default(rows, list(moved.shape[:-1]) + [length, length])
+    ones = aten.ones.default([length, length], dtype=torch.bool, device=x.device)
+    later = aten.logical_not.default(aten.tril.default(ones))
+    masked = aten.masked_fill.Scalar(pairs, later, -math.inf)
+    return aten.movedim.int(aten.logsumexp.default(masked, [-1]), -1, dim)
+
+
+def infinity_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """linalg_vector_norm with ord inf / -inf of a non-empty floating tensor as amax / amin
+    of abs, which lort makes NaN-propagating: torch_lib's ReduceMax/ReduceMin of Abs gave
+    5 (inf) and 0 (-inf) for [0, 5, nan, 1], PyTorch NaN. Other orders are left to the op."""
+    if ord not in (math.inf, -math.inf) or not x.dtype.is_floating_point or x.numel() == 0:
+        return NotImplemented
+    if dtype is not None and dtype != x.dtype:
+        x = aten._to_copy.default(x, dtype=dtype)
+    dims = [] if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+    reduce = aten.amax.default if ord > 0 else aten.amin.default
+    return reduce(aten.abs.default(x), dims, keepdim)
+
+
+def accurate_log1p(x):
+    """log1p of a floating tensor as x * (log(u) / (u - 1)) with u = 1 + x (Goldberg's
+    correction; the ratio is 1 where u rounds to 1 or is inf, so -0.0 stays -0.0):
+    torch_lib's log(1 + x) loses every digit for |x| below the dtype's epsilon (float32
+    log1p(1e-30) gave 0, so xlog1py(3e38, 1e-30) gave 0, PyTorch 3e8)."""
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    u = aten.add.Scalar(x, 1)
+    ratio = aten.div.Tensor(aten.log.default(u), aten.sub.Scalar(u, 1))
+    exact = aten.logical_or.default(aten.eq.Scalar(u, 1), aten.eq.Scalar(u, math.inf))
+    return aten.mul.Tensor(x, aten.masked_fill.Scalar(ratio, exact, 1.0))

@@ -108,6 +108,12 @@ def table() -> dict:
         "ORT's Pad in edge mode fails at run time on negative (cropping) pads: 'Pad: invalid "
         "mode: 2 with zero effective input extent'"
     )
+    float_diagonal = (
+        "torch_lib's diagonal multiplies the whole (dim1, dim2) plane by an identity mask and "
+        "sums it, so an inf or NaN off the diagonal makes the diagonal NaN (inf * 0); lort "
+        "decomposes float diagonal/diagonal_copy as a gather (capture/decompositions_indexing.py), "
+        "those it cannot (dynamic shapes) run in PyTorch"
+    )
     return {
         aten._native_batch_norm_legit_functional.default: (
             "torch_lib's training-mode batch norm (ONNX BatchNormalization training_mode=1) "
@@ -207,6 +213,15 @@ def table() -> dict:
             "torch_lib's signbit is x < 0: False for -0.0 (and for a NaN with its sign bit set), "
             "and it compares with a constant of shape [1], so a 0-d input gives a 1-d output",
         ),
+        aten.logcumsumexp.default: _when(
+            lambda n: _is_float_arg(n, 0),
+            "torch_lib's logcumsumexp subtracts the max of the whole dimension before a cumsum of "
+            "exp, so exp underflows to 0 before a large element (float32 logcumsumexp([0, 500]) "
+            "gave [-inf, 500]); lort's decomposition (capture/decompositions_ops.py) covers "
+            "dimensions up to 1024, longer ones run in PyTorch",
+        ),
+        aten.diagonal.default: _when(lambda n: _is_float_arg(n, 0), float_diagonal),
+        aten.diagonal_copy.default: _when(lambda n: _is_float_arg(n, 0), float_diagonal),
         aten.scatter.src: _when(lambda n: _arg_shape(n, 0) == (), zero_dim_scatter),
         aten.scatter.value: _when(lambda n: _arg_shape(n, 0) == (), zero_dim_scatter),
         aten.scatter_add.default: _when(lambda n: _arg_shape(n, 0) == (), zero_dim_scatter),

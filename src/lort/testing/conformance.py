@@ -4,7 +4,9 @@ Every op in ``torch.testing._internal.common_methods_invocations.op_db`` is run,
 float32, float64 and int64 where the op supports them, on its first ``SAMPLES`` sample
 inputs through ``torch.compile(fn, backend=lort.LortBackend(...), fullgraph=False)`` and
 through eager PyTorch, and the forward outputs (and, for float dtypes of ops that support
-backward, the gradients of the inputs) are compared with ``torch.testing.assert_close``.
+backward, the gradients of the inputs) are compared with ``torch.testing.assert_close``;
+then, for float dtypes, one of its samples filled with extreme values (signed zeros, inf,
+NaN, overflow-scale magnitudes: ``conformance_extreme``), outputs only.
 
 Each (op, dtype) gets one status:
 
@@ -16,6 +18,10 @@ Each (op, dtype) gets one status:
 * ``crash``: compiling or running through lort raised.
 * ``n/a``: not applicable, with the reason (eager itself raises on the sample, or eager's
   result is not reproducible: random ops).
+* ``known difference``: every ordinary sample matched, and the extreme-value sample
+  (``conformance_extreme``; float dtypes, outputs only) differs for a reason listed in
+  its ``KNOWN_DIFFERENCES``. ``Result.failed_sample`` says which sample gave a wrong or
+  crash status: ``ordinary`` or ``extreme``.
 * ``xfail``: a known failure listed in ``XFAILS`` (with its reason) failed as expected;
   ``xpass`` when it did not fail.
 
@@ -31,7 +37,6 @@ import collections
 import dataclasses
 import itertools
 import math
-import re
 import time
 import warnings
 from typing import Any
@@ -39,7 +44,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..reasons import Reason, ReasonKind
+from . import conformance_extreme as extreme_values
+from .conformance_fallbacks import FALLBACK_KINDS, KIND_LABELS, fallback_kind  # noqa: F401 - its API
 
 #: The dtypes of the sweep, by name.
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
@@ -63,7 +69,7 @@ XFAILS: dict[tuple[str, str | None], str] = {
     ),
 }
 
-STATUSES = ("right", "fell back", "wrong", "crash", "n/a", "xfail", "xpass")
+STATUSES = ("right", "fell back", "wrong", "crash", "known difference", "n/a", "xfail", "xpass")
 
 
 def op_id(op) -> str:
@@ -99,59 +105,6 @@ def family(op) -> str:
     }.get(kind, "other torch.*")
 
 
-#: Kinds of reasons for a node to stay in PyTorch: (kind, regex over lort's reason).
-#: Reasons come from lort/fusion/support.py, lort/backend.py and the known-wrong table.
-FALLBACK_KINDS = (
-    ("no torch_lib translation", r"^no torch_lib translation registered"),
-    ("random op", r"^random op"),
-    ("mutates an input", r"^mutates an input"),
-    ("non-tensor output", r"^output is not a tensor"),
-    ("unsupported dtype", r"has dtype .* which lort does not send to ORT"),
-    ("non-tensor argument", r"^argument .* is (a|an) \w+ constant|^argument .* not a tensor or int/float scalar"),
-    ("not an ATen op", r"is not an ATen operator"),
-    ("translation failed", r"^translation failed"),
-    ("group failed", r"^its group failed as a whole"),
-    ("views only", r"^left alone by the fuser"),
-    ("ran in PyTorch at run time", r"runs in PyTorch"),
-    ("device", r"device"),
-    ("no matching torch_lib overload", r"(?i)overload|dispatch|not supported|could not|no .*match"),
-    ("ORT has no kernel for the dtype", r"^ORT's \w+ has no \w+ kernel for"),
-    ("float64 scalar float32 would round", r"^float64 graph: the translation makes its float argument"),
-    ("known wrong (_known_wrong)", r"torch_lib|ORT|ONNX"),
-)
-
-
-#: The table's label of each ReasonKind (lort.reasons).
-KIND_LABELS = {
-    ReasonKind.NO_TRANSLATION: "no torch_lib translation",
-    ReasonKind.RANDOM: "random op",
-    ReasonKind.MUTATION: "mutates an input",
-    ReasonKind.ARGUMENT: "non-tensor argument or output",
-    ReasonKind.DTYPE: "unsupported dtype",
-    ReasonKind.NO_KERNEL: "ORT has no kernel for the dtype",
-    ReasonKind.NOT_ATEN: "not an ATen op",
-    ReasonKind.TRANSLATION_FAILED: "translation failed",
-    ReasonKind.GROUP_FAILED: "group failed",
-    ReasonKind.LEFT_ALONE: "views only",
-    ReasonKind.RUN_FAILED: "ran in PyTorch at run time",
-    ReasonKind.DEVICE: "device",
-    ReasonKind.KNOWN_WRONG: "known wrong (fusion/known_wrong.py)",
-    ReasonKind.SLOWER_IN_ORT: "timed faster in PyTorch",
-    ReasonKind.GRAPH_FASTER_IN_EAGER: "timed faster in PyTorch",
-}
-
-
-def fallback_kind(reason: str) -> str:
-    """The table's label of a reason: by its kind (a lort Reason); a plain string (from
-    a saved result) by the patterns of FALLBACK_KINDS."""
-    if isinstance(reason, Reason):
-        return KIND_LABELS.get(reason.kind, "other")
-    for kind, pattern in FALLBACK_KINDS:
-        if re.search(pattern, reason):
-            return kind
-    return "other"
-
-
 @dataclasses.dataclass
 class Result:
     """The outcome of one op for one dtype."""
@@ -170,6 +123,10 @@ class Result:
     #: An example reason per kind.
     reasons: dict = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
+    #: Which sample gave a wrong or crash status: "ordinary" or "extreme".
+    failed_sample: str = ""
+    #: The extreme-value sample's outcome ("" when not run; "skipped: why").
+    extreme: str = ""
 
     @property
     def ort_share(self) -> float | None:
@@ -292,10 +249,10 @@ def _lort_fallback_warnings(caught) -> list[str]:
     return sorted({str(w.message) for w in caught if "lort" in str(w.message) and "runs in PyTorch" in str(w.message)})
 
 
-def run_op(op, dtype_name: str, samples: int = SAMPLES, options: dict | None = None) -> Result:
-    """Run one OpInfo for one dtype through lort and eager; classify the outcome."""
-    import lort
-
+def run_op(op, dtype_name: str, samples: int = SAMPLES, options: dict | None = None,
+           extreme: bool = True) -> Result:
+    """Run one OpInfo for one dtype through lort and eager on its first ``samples``
+    samples and, for float dtypes with ``extreme``, its extreme-value sample; classify."""
     start = time.perf_counter()
     dtype = DTYPES[dtype_name]
     name = op_id(op)
@@ -309,10 +266,12 @@ def run_op(op, dtype_name: str, samples: int = SAMPLES, options: dict | None = N
     with_grad = (
         dtype.is_floating_point and op.supports_autograd and dtype in op.supported_backward_dtypes("cpu")
     )
-    result.grads = with_grad
+    result.grads = with_grad and samples > 0
+    extreme = extreme and dtype.is_floating_point
     torch.manual_seed(0)
     try:
-        sample_list = list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=with_grad), samples))
+        wanted = max(samples, extreme_values.CANDIDATES if extreme else 0)
+        sample_list = list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=with_grad), wanted))
     except Exception as e:  # noqa: BLE001 - PyTorch's own sample generator
         result.status, result.detail = "n/a", f"sample_inputs raises: {_first_line(e)}"
         return result
@@ -320,42 +279,14 @@ def run_op(op, dtype_name: str, samples: int = SAMPLES, options: dict | None = N
         result.status, result.detail = "n/a", "no sample inputs"
         return result
     fell_back: list[str] = []
-    for k, raw in enumerate(sample_list):
-        sample = _Sample(op, raw)
-        fn = sample.fn()
-        try:
-            expected, exp_grads = sample.run(fn, with_grad, seed=k)
-            again, again_grads = sample.run(fn, with_grad, seed=k + 1000)
-        except Exception as e:  # noqa: BLE001 - eager PyTorch's own failure
-            result.status, result.detail = "n/a", f"eager raises on sample {k}: {_first_line(e)}"
+    for k, raw in enumerate(sample_list[:samples]):
+        outcome = _check_sample(_Sample(op, raw), k, with_grad, result, options, fell_back)
+        if outcome is not None:
+            (result.status, result.detail), result.failed_sample = outcome, "ordinary"
             break
-        try:
-            _compare("output", again, expected, dtype)
-            _compare("grad", again_grads, exp_grads, dtype)
-        except _Mismatch:
-            result.status, result.detail = "n/a", "nondeterministic (two eager runs differ)"
-            break
-        backend = lort.LortBackend({**BACKEND_OPTIONS, **(options or {})})
-        torch._dynamo.reset()
-        compiled = torch.compile(fn, backend=backend, fullgraph=False)
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                got, got_grads = sample.run(compiled, with_grad, seed=k)
-            fell_back += _lort_fallback_warnings(caught)
-        except Exception as e:  # noqa: BLE001 - what the sweep records
-            result.status, result.detail = "crash", f"sample {k}: {_first_line(e)}"
-            break
-        finally:
-            _count_nodes(result, backend)
-            torch._dynamo.reset()
         result.samples += 1
-        try:
-            _compare("output", got, expected, dtype)
-            _compare("grad", got_grads, exp_grads, dtype)
-        except _Mismatch as e:
-            result.status, result.detail = "wrong", f"sample {k} ({_describe(raw)}): {e}"
-            break
+    if extreme and result.status == "right":
+        _check_extreme(op, sample_list, result, options, fell_back)
     if result.status == "right" and fell_back:
         result.status, result.detail = "fell back", " | ".join(fell_back)[:600]
     expected_failure = XFAILS.get((name, dtype_name)) or XFAILS.get((name, None))
@@ -366,6 +297,70 @@ def run_op(op, dtype_name: str, samples: int = SAMPLES, options: dict | None = N
             result.status, result.detail = "xpass", f"listed in XFAILS: {expected_failure}"
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _check_extreme(op, sample_list: list, result: Result, options, fell_back: list) -> None:
+    """The extreme-value sample (lort.testing.conformance_extreme): outputs only. Eager
+    raising or not reproducible on it skips it; a known difference is its own status."""
+    if op_id(op) in extreme_values.EAGER_CRASHES:
+        result.extreme = f"skipped: {extreme_values.EAGER_CRASHES[op_id(op)]}"
+        return
+    samples = [_Sample(op, raw) for raw in sample_list]
+    chosen = extreme_values.pick([s.leaves for s in samples])
+    if chosen is None:
+        result.extreme = "skipped: no floating tensor"
+        return
+    sample = samples[chosen]
+    sample.leaves = extreme_values.fill(sample.leaves)
+    outcome = _check_sample(sample, f"extreme (from sample {chosen})", False, result, options, fell_back)
+    if outcome is None:
+        result.extreme = "right"
+    elif outcome[0] == "n/a":
+        result.extreme = f"skipped: {outcome[1]}"
+    else:
+        known = extreme_values.known_difference(result.op, result.dtype)
+        (result.status, result.detail), result.failed_sample = outcome, "extreme"
+        if known and outcome[0] == "wrong":
+            result.status, result.detail = "known difference", f"{known} [{result.detail}]"
+        result.extreme = result.status
+
+
+def _check_sample(sample: _Sample, k, with_grad: bool, result: Result, options, fell_back: list):
+    """One sample through eager (twice) and lort: None when lort matched eager, else
+    (status, detail). ``k`` names the sample (and seeds it)."""
+    import lort
+
+    dtype, fn = DTYPES[result.dtype], sample.fn()
+    seed = k if isinstance(k, int) else 99
+    try:
+        expected, exp_grads = sample.run(fn, with_grad, seed=seed)
+        again, again_grads = sample.run(fn, with_grad, seed=seed + 1000)
+    except Exception as e:  # noqa: BLE001 - eager PyTorch's own failure
+        return "n/a", f"eager raises on sample {k}: {_first_line(e)}"
+    try:
+        _compare("output", again, expected, dtype)
+        _compare("grad", again_grads, exp_grads, dtype)
+    except _Mismatch:
+        return "n/a", "nondeterministic (two eager runs differ)"
+    backend = lort.LortBackend({**BACKEND_OPTIONS, **(options or {})})
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, fullgraph=False)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got, got_grads = sample.run(compiled, with_grad, seed=seed)
+        fell_back += _lort_fallback_warnings(caught)
+    except Exception as e:  # noqa: BLE001 - what the sweep records
+        return "crash", f"sample {k}: {_first_line(e)}"
+    finally:
+        _count_nodes(result, backend)
+        torch._dynamo.reset()
+    try:
+        _compare("output", got, expected, dtype)
+        _compare("grad", got_grads, exp_grads, dtype)
+    except _Mismatch as e:
+        return "wrong", f"sample {k} ({_describe(sample)}): {e}"
+    return None
 
 
 def _count_nodes(result: Result, backend) -> None:
@@ -379,8 +374,9 @@ def _count_nodes(result: Result, backend) -> None:
             result.reasons.setdefault(kind, f"{op}: {reason}"[:300])
 
 
-def _describe(sample) -> str:
+def _describe(sample: _Sample) -> str:
     """A short description of a sample: tensor shapes and dtypes, other arguments."""
+    inp, args, kwargs = pytree.tree_unflatten(sample.leaves, sample.spec)
 
     def short(x):
         if isinstance(x, torch.Tensor):
@@ -389,9 +385,9 @@ def _describe(sample) -> str:
             return f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}"
         return repr(x)
 
-    parts = [short(x) for x in pytree.tree_leaves(sample.input)]
-    parts += [str(pytree.tree_map(short, a)) for a in sample.args]
-    parts += [f"{k}={pytree.tree_map(short, v)}" for k, v in sample.kwargs.items()]
+    parts = [short(x) for x in pytree.tree_leaves(inp)]
+    parts += [str(pytree.tree_map(short, a)) for a in args]
+    parts += [f"{k}={pytree.tree_map(short, v)}" for k, v in kwargs.items()]
     text = ", ".join(parts)
     return text if len(text) <= 200 else text[:197] + "..."
 

@@ -43,9 +43,9 @@ def _worker(conn, quiet: bool) -> None:
         task = conn.recv()
         if task is None:
             return
-        name, dtypes, samples = task
+        name, dtypes, samples, extreme = task
         for dtype in dtypes:
-            result = conformance.run_op(ops[name], dtype, samples)
+            result = conformance.run_op(ops[name], dtype, samples, extreme=extreme)
             conn.send(("result", result.to_json()))
         conn.send(("done", name))
 
@@ -81,14 +81,16 @@ def run_sweep(
     op_timeout_s: float = 300.0,
     quiet: bool = True,
     on_result: Callable | None = None,
+    extreme: bool = True,
 ) -> list:
     """Every op of ``op_names`` for every dtype of ``dtypes``, run in ``workers``
-    processes; the ``conformance.Result`` list, in completion order."""
+    processes (``samples`` ordinary samples, and the extreme-value sample with
+    ``extreme``); the ``conformance.Result`` list, in completion order."""
     from lort.testing import conformance
 
     samples = conformance.SAMPLES if samples is None else samples
     dtypes = list(dtypes)
-    queue = [(name, dtypes, samples) for name in op_names]
+    queue = [(name, dtypes, samples, extreme) for name in op_names]
     ctx = mp.get_context("spawn")
     results: list = []
     pool = [_Worker(ctx, quiet) for _ in range(max(1, workers))]

@@ -153,7 +153,24 @@ def optimize_for_ort(model: ir.Model) -> tuple[ir.Model, dict[str, int]]:
     from onnxscript.rewriter.ort_fusions import optimize_for_ort as _optimize_for_ort
 
     _guard_fused_matmul_batch_rules()
+    _exact_no_op_rules()
     return _optimize_for_ort(model)
+
+
+def _exact_no_op_rules() -> None:
+    """onnxscript's optimizer (run by optimize_for_ort) removes ``x + c``, ``x - c``,
+    ``x * c`` and ``x / c`` as no-ops when ``c`` is close to 0 or 1 by its pattern
+    constants' default tolerances (abs 1e-8, rel 1e-5): ``x + 1e-8`` (an epsilon before a
+    division, a log or a sqrt) became ``x``, 0 where PyTorch gives 1e-8. Those constants
+    are made exact (once; idempotent): only a true 0 or 1 is a no-op."""
+    from onnxscript import rewriter
+    from onnxscript.rewriter import _pattern_ir
+
+    for rule in rewriter._DEFAULT_REWRITE_RULES:
+        for node in rule._target_pattern:
+            for value in node.inputs:
+                if isinstance(value, _pattern_ir.Constant):
+                    value._rel_tol = value._abs_tol = 0.0
 
 
 def _guard_fused_matmul_batch_rules() -> None:
