@@ -162,6 +162,7 @@ class TransitionManager:
         self.captures: list[Capture] = []
         self._next_index = 0
         self._last_key: SchemaKey | None = None
+        self._last_entry: Entry | None = None  # the entry of _last_key
         # Module state: the modules walked, the last state seen and its token.
         self._modules: list[torch.nn.Module] = []
         self._watched: tuple = ([], [], [])
@@ -185,6 +186,7 @@ class TransitionManager:
         captures again, logging ``reason``."""
         self.entries.clear()
         self._last_key = None
+        self._last_entry = None
         self._pending_reason = reason
         self._refresh_modules()
 
@@ -219,18 +221,20 @@ class TransitionManager:
     # -- a call ----------------------------------------------------------------------
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         tensors, spec = io.flatten_call(args, kwargs, self._arg_names)
-        key = SchemaKey(
-            spec,
-            tuple((t.dtype, t.dim(), t.device, t.requires_grad) for t in tensors),
-            torch.is_grad_enabled(),
-            self._state_key(),
-        )
-        entry = self.entries.get(key)
-        if entry is None:
-            entry = self._new_entry(key)
-        else:
-            self.entries.move_to_end(key)
-        self._last_key = key
+        meta = tuple((t.dtype, t.dim(), t.device, t.requires_grad) for t in tensors)
+        grad, state = torch.is_grad_enabled(), self._state_key()
+        last, entry = self._last_key, self._last_entry
+        # The same schema as the last call (the common case): its entry, without building
+        # and hashing a key.
+        if not (entry is not None and last.spec == spec and last.tensors == meta and last.grad_enabled == grad
+                and last.state == state):
+            key = SchemaKey(spec, meta, grad, state)
+            entry = self.entries.get(key)
+            if entry is None:
+                entry = self._new_entry(key)
+            else:
+                self.entries.move_to_end(key)
+            self._last_key, self._last_entry = key, entry
         if entry.eager:
             return self.module(*args, **kwargs)
         if entry.direct and self.options.direct_inference and not _autocast():
@@ -311,6 +315,8 @@ class TransitionManager:
         self.entries[key] = entry
         while len(self.entries) > self.options.schema_cache_size:
             old_key, old = self.entries.popitem(last=False)
+            if old is self._last_entry:
+                self._last_entry = None
             logger.info("lort.ORTModule(%s): schema s%d evicted (cache size %d)",
                         self.name, old.index, self.options.schema_cache_size)
         self.captures.append(Capture(index, reason))
