@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lort.backend import LortBackend
+from test_decompositions_ops import _through_lort as _through_lort_with_backend
 
 NAN, INF = math.nan, math.inf
 DTYPES = [torch.float32, torch.float64]
@@ -15,13 +15,8 @@ DTYPES = [torch.float32, torch.float64]
 
 def _through_lort(fn, *args):
     """fn(*args) through lort (every group in ORT) and eager's result."""
-    backend = LortBackend({"executor": "ort", "disk_cache": False})
-    torch._dynamo.reset()
-    try:
-        got = torch.compile(fn, backend=backend)(*args)
-    finally:
-        torch._dynamo.reset()
-    return got, fn(*args)
+    got, expected, _ = _through_lort_with_backend(fn, *args)
+    return got, expected
 
 
 def _same(got, expected):
