@@ -22,7 +22,7 @@ from .compile.graph_executor import ChooseOnFirstCall
 from .compile.tuner import Tuner
 from .diagnostics.report import GraphRecord
 from .fusion import support
-from .options import Options
+from .options import RUN_MODES, Options
 from .runtime import providers
 
 logger = logging.getLogger("lort")
@@ -102,7 +102,7 @@ class LortBackend:
         ``eager`` (the module itself, over the same arguments) on the first call."""
         gm, inputs = exported.gm, exported.example_inputs
         weights = exported.weights if self.options.freeze is not False else None
-        fn, record = self.compile_graph(gm, inputs, "inference", None, weights)
+        _, record = self.compile_graph(gm, inputs, "inference", None, weights)
         compiled = record.partitioned if record.partitioned is not None else gm
         if not self._times_whole_graph(inputs, ()):
             return compiled
@@ -152,10 +152,6 @@ def _aligned(weights: dict[int, str], real: list, fake: list) -> dict[int, tuple
             return None
         out[i] = (name, r)
     return out
-
-
-#: torch.compile's ``mode`` values lort takes: its run modes (Options.mode).
-RUN_MODES = ("ort", "pytorch", "debug")
 
 
 def lort_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Any = None, mode: str | None = None) -> Callable:

@@ -346,9 +346,7 @@ class TransitionManager:
         after = entry.graph_count()
         if after != before:
             if entry.calls > 0:
-                reason = self._recapture_reason(entry, tensors)
-                self.captures.append(Capture(entry.index, reason))
-                logger.info("lort.ORTModule(%s): re-capture of schema s%d: %s", self.name, entry.index, reason)
+                self._log_capture(entry, self._recapture_reason(entry, tensors))
         entry.calls += 1
         entry.last_shapes = [t.shape for t in tensors]
         return io.unflatten(out_spec, out_tensors)
