@@ -8,15 +8,20 @@ graph of a schema for one set of input shapes and strides; each call it also che
 C speed where it can:
 
 - the inputs' shapes and strides (another set gets its own runner);
+- each weight as its module's registry holds it now (a weight replaced there, by an
+  attribute set or by a direct write such as torch.func.functional_call's, is run on,
+  and frozen again by the frozen-weight guard, unless its dtype, shape, stride or device
+  differs: then the runner is stale);
 - the weights' data pointers: a moved weight (``p.data = t``) with another dtype, shape,
   stride or device makes the runner stale; one with the same is seen by the frozen-weight
   guard (runtime/frozen.py), which freezes it again;
 - the plain attributes of the objects the modules hold (a Hugging Face config): a change
   makes the runner stale.
 
-A stale runner is exported again. What no check sees: Python globals, closures, and
-containers mutated in place (a list attribute appended to); Options.direct_inference=False
-keeps Dynamo for such modules."""
+A stale runner is exported again. What no check sees: Python globals, closures,
+containers mutated in place (a list attribute appended to), and what module/watch.py
+lists (``__dict__`` written directly, a non-container's submodule registry written
+directly); Options.direct_inference=False keeps Dynamo for such modules."""
 
 from __future__ import annotations
 
@@ -87,6 +92,10 @@ class DirectRunner:
         self._out_spec = out_spec
         self._weights = [exported.example_inputs[i] for i in sorted(exported.weights)]
         self._weight_names = [exported.weights[i][0] for i in sorted(exported.weights)]
+        # Where each weight is read on every call: its module's parameter or buffer dict,
+        # or ``__dict__`` (registries written directly, as torch.func.functional_call
+        # does, are no attribute set: module/watch.py does not see them).
+        self._owners, self._keys = _owners(root, exported, sorted(exported.weights))
         self._meta = [_meta(t) for t in self._weights]
         self._ptrs = list(map(_DATA_PTR, self._weights))
         # The k-th of (*weights, *tensors) is placeholder order[k].
@@ -95,13 +104,10 @@ class DirectRunner:
         self._settled = False
         # What the module state's token does not cover: the objects held as attributes
         # (their identity, checked when the module tree changed, and their attributes,
-        # checked on every call) and the tensor attributes lifted as constants.
+        # checked on every call).
         self._held = held_objects(modules)
         self._held_dicts = [obj.__dict__ for *_, obj in self._held]
         self._held_values = [tuple(d.values()) for d in self._held_dicts]
-        self._attributes = [(target, operator.attrgetter(target), exported.example_inputs[i])
-                            for i, target in exported.targets.items()]
-        self._root = root
         self.epoch = epoch
 
     def matches(self, tensors: list[torch.Tensor]) -> bool:
@@ -110,6 +116,12 @@ class DirectRunner:
     def run(self, tensors: list[torch.Tensor], epoch: int):
         """The module's output; ``epoch`` counts the changes the transition manager saw
         in the module tree (attributes set, replaced or deleted)."""
+        try:
+            current = list(map(operator.getitem, self._owners, self._keys))
+        except KeyError:
+            raise Stale("a weight was removed from its module") from None
+        if not all(map(operator.is_, current, self._weights)):
+            self._weights_replaced(current)
         weights = self._weights
         if list(map(_DATA_PTR, weights)) != self._ptrs:
             self._weights_moved()
@@ -162,6 +174,18 @@ class DirectRunner:
             select = operator.itemgetter(*out_index) if len(out_index) > 1 else (lambda a: (a[out_index[0]],))
             self._call = lambda weights, tensors: select(forward(*pick((*weights, *tensors))))
 
+    def _weights_replaced(self, current: list[torch.Tensor]) -> None:
+        """Weights replaced in their registries: the call runs on the new ones (the
+        frozen-weight guard freezes them again) unless one differs in dtype, shape,
+        stride or device."""
+        for name, t, meta in zip(self._weight_names, current, self._meta):
+            if not isinstance(t, torch.Tensor):
+                raise Stale(f"weight {name} replaced by a {type(t).__name__}")
+            if _meta(t) != meta:
+                raise Stale(f"weight {name} replaced by a {t.dtype}{list(t.shape)} tensor on {t.device} (was "
+                            f"{meta[0]}{list(meta[1])} on {meta[3]})")
+        self._weights = current
+
     def _weights_moved(self) -> None:
         for name, t, meta in zip(self._weight_names, self._weights, self._meta):
             if _meta(t) != meta:
@@ -179,13 +203,6 @@ class DirectRunner:
         for where, d, key, obj in self._held:
             if d.get(key, None) is not obj:
                 raise Stale(f"attribute {where} replaced")
-        for target, get, tensor in self._attributes:
-            try:
-                found = get(self._root)
-            except AttributeError:
-                found = None
-            if found is not tensor:
-                raise Stale(f"tensor attribute {target.removeprefix('m.')} replaced")
 
 
 def _single_group(fn) -> tuple | None:
@@ -206,6 +223,25 @@ def _single_group(fn) -> tuple | None:
             or not isinstance(out, (tuple, list)) or not all(o in picks for o in out):
         return None
     return group, [placeholders.index(a) for a in call.args], [o.args[1] for o in out]
+
+
+def _owners(root: torch.nn.Module, exported: ExportedGraph, order: list[int]) -> tuple[list[dict], list]:
+    """(the dict each weight is read from per call, its key there), in ``order``: a
+    module's ``_parameters``, ``_buffers`` or ``__dict__`` for a weight that is an
+    attribute, a dict of its own for a constant made while tracing."""
+    owners, keys = [], []
+    for i in order:
+        target = exported.targets.get(i)
+        if target is None:
+            owners.append({0: exported.example_inputs[i]})
+            keys.append(0)
+            continue
+        path, _, key = target.rpartition(".")
+        d = root.get_submodule(path).__dict__
+        owner = next((d[r] for r in ("_parameters", "_buffers") if key in d.get(r, ())), d)
+        owners.append(owner)
+        keys.append(key)
+    return owners, keys
 
 
 def describe_change(old: tuple, new: tuple, paths: list[str]) -> str:

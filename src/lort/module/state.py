@@ -1,7 +1,9 @@
 """The module state a compiled ORTModule graph depends on, besides its inputs:
 ``training`` of every submodule, its plain attributes (bool, int, float, str, None),
-which parameters, buffers and submodules are registered, and the number of hooks; with
-a cheap snapshot to tell whether it changed and words that say what changed."""
+which parameters, buffers and submodules are registered, and the number of hooks (the
+module's and torch's global ones); with a snapshot to tell whether it changed, a cheaper
+poll of what module/watch.py's notification does not see, and words that say what
+changed."""
 
 from __future__ import annotations
 
@@ -9,15 +11,31 @@ import operator
 from itertools import chain
 
 import torch
+from torch.nn.modules import module as _nn_module
+
+from . import watch
 
 _MISSING = object()
 #: The attribute types a module state compares by value.
 PLAIN = frozenset((bool, int, float, str, type(None)))
 
 
+#: torch's global module hooks (run by every module's call, so traced into its graphs).
+GLOBAL_HOOKS = [getattr(_nn_module, name) for name in (
+    "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks")
+    if isinstance(getattr(_nn_module, name, None), dict)]
+#: Modules whose own methods write their submodule registry directly (insert, clear,
+#: pop): their submodules are polled on every call.
+_CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
 def module_state(modules: list[torch.nn.Module]) -> tuple:
-    """A cheap fingerprint of what in a module tree can change its graph (besides the
-    inputs). Compared with ``==`` on every call; tensors enter by identity only."""
+    """A fingerprint of what in a module tree can change its graph (besides the inputs):
+    one entry per module, and the number of global hooks. Tensors enter by identity only."""
+    return _per_module(modules), tuple(map(len, GLOBAL_HOOKS))
+
+
+def _per_module(modules: list[torch.nn.Module]) -> tuple:
     plain = PLAIN
     return tuple([
         (
@@ -49,8 +67,24 @@ def watched(dicts: list[dict]) -> tuple:
         list(dicts),
         getters,
         [d[k] for d in dicts for k in _REGISTRIES],
-        [d[k] for d in dicts for k in _HOOKS if k in d],
+        [d[k] for d in dicts for k in _HOOKS if k in d] + GLOBAL_HOOKS,
     )
+
+
+def polled(modules: list[torch.nn.Module]) -> tuple:
+    """What ``poll`` reads: the submodule registries of containers (whose own methods
+    write them directly) and the hook dicts that hold hooks (a hook removed through its
+    handle is no attribute set), with torch's global ones: what module/watch.py's
+    notification does not see, gathered after each snapshot."""
+    registries = [m.__dict__["_modules"] for m in modules if isinstance(m, _CONTAINERS)]
+    hooks = [h for h in (m.__dict__.get(k) for m in modules for k in _HOOKS) if h] + GLOBAL_HOOKS
+    return registries, hooks
+
+
+def poll(what: tuple) -> list:
+    """The values ``polled`` names, read by C-level maps."""
+    registries, hooks = what
+    return list(chain(chain.from_iterable(map(dict.values, registries)), map(len, registries), map(len, hooks)))
 
 
 def snapshot(watch: tuple) -> list | None:
@@ -81,7 +115,9 @@ def same_snapshot(a, b) -> bool:
 
 
 def state_diff(old_names: list[str], old: tuple, new_names: list[str], new: tuple) -> list[str]:
-    """Phrases saying how two module states differ."""
+    """Phrases saying how two ``module_state``s differ."""
+    (old, old_global), (new, new_global) = old, new
+    out = [] if old_global == new_global else ["global module hooks changed"]
     if old_names != new_names:
         added = [n for n in new_names if n not in old_names]
         removed = [n for n in old_names if n not in new_names]
@@ -90,8 +126,7 @@ def state_diff(old_names: list[str], old: tuple, new_names: list[str], new: tupl
             parts.append(f"submodule(s) {added} added")
         if removed:
             parts.append(f"submodule(s) {removed} removed")
-        return parts or ["submodules replaced"]
-    out = []
+        return out + (parts or ["submodules replaced"])
     root_switched = old[0][0] and dict(old[0][0]).get("training") != dict(new[0][0]).get("training")
     if root_switched:
         out.append(f"module switched to {'train' if dict(new[0][0]).get('training') else 'eval'} mode")
@@ -124,3 +159,60 @@ def state_diff(old_names: list[str], old: tuple, new_names: list[str], new: tupl
         if a[4] != b[4]:
             out.append(f"hooks of {label} changed")
     return out or ["module state changed"]
+
+
+class ModuleState:
+    """The state of one module tree as a token (equal states share one, so switching
+    train/eval back and forth reuses entries), and ``epoch``: how many times it was seen
+    to change (module/direct.py re-checks what it holds on a change). ``token()`` is
+    called on every call: it reads module/watch.py's counter and ``poll``, and takes the
+    snapshot only after the counter moved (always, where the tree has a class watch.py
+    cannot wrap)."""
+
+    def __init__(self, root: torch.nn.Module):
+        self.root = root
+        self.epoch = 0
+        self._token = 0
+        self._tokens: dict[tuple, int] = {}
+        self._info: dict[int, tuple[list[str], tuple]] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Walk the tree again (after a change, or when told that it changed)."""
+        named = list(self.root.named_modules(remove_duplicate=False))
+        self.names = [n for n, _ in named]
+        self.modules = [m for _, m in named]
+        self._watched = watched([m.__dict__ for m in self.modules])
+        self._snap: list | None = None
+        self._seen: int | None = None  # watch.epoch() when the state was last taken
+        self._notified = watch.watch(self.modules)
+
+    def named(self) -> list[tuple[str, torch.nn.Module]]:
+        return list(zip(self.names, self.modules))
+
+    def token(self) -> int:
+        # The common case: nothing set on a module since the last call (module/watch.py)
+        # and nothing changed of what it does not see.
+        if self._seen == watch.epoch() and same_snapshot(self._poll, poll(self._polled)):
+            return self._token
+        seen = watch.epoch() if self._notified else None
+        if not same_snapshot(self._snap, snapshot(self._watched)):
+            self.epoch += 1
+            # Something changed (or submodules were added or replaced): walk the tree
+            # again and look the state up.
+            self.refresh()
+            state = module_state(self.modules)
+            token = self._tokens.get(state)
+            if token is None:
+                token = self._tokens[state] = len(self._tokens) + 1
+                self._info[token] = (list(self.names), state)
+            self._snap = snapshot(self._watched)
+            self._token = token
+        self._polled = polled(self.modules)
+        self._poll = poll(self._polled)
+        self._seen = seen
+        return self._token
+
+    def diff(self, old: int, new: int) -> list[str]:
+        """Phrases saying how the states of two tokens differ."""
+        return state_diff(*self._info[old], *self._info[new])

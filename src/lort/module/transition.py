@@ -38,7 +38,7 @@ from ..backend import LortBackend
 from ..errors import CaptureError, LortError
 from ..options import Options
 from . import direct, io
-from .state import module_state, same_snapshot, snapshot, state_diff, watched
+from .state import ModuleState
 
 logger = logging.getLogger("lort.module")
 
@@ -164,16 +164,7 @@ class TransitionManager:
         self._last_key: SchemaKey | None = None
         self._last_entry: Entry | None = None  # the entry of _last_key
         # Module state: the modules walked, the last state seen and its token.
-        self._modules: list[torch.nn.Module] = []
-        self._watched: tuple = ([], [], [])
-        self._module_names: list[str] = []
-        self._snap: list | None = None
-        self._state: tuple | None = None
-        self._state_token = 0
-        self._epoch = 0  # changes seen in the module tree (module/direct.py re-checks on one)
-        self._tokens: dict[tuple, int] = {}
-        self._token_info: dict[int, tuple[list[str], tuple]] = {}
-        self._refresh_modules()
+        self._tree = ModuleState(module)  # the module state and its change counter
 
     # -- bookkeeping ---------------------------------------------------------------
     @property
@@ -188,41 +179,15 @@ class TransitionManager:
         self._last_key = None
         self._last_entry = None
         self._pending_reason = reason
-        self._refresh_modules()
+        self._tree.refresh()
 
     _pending_reason: str | None = None
-
-    def _refresh_modules(self) -> None:
-        named = list(self.module.named_modules(remove_duplicate=False))
-        self._module_names = [n for n, _ in named]
-        self._modules = [m for _, m in named]
-        self._watched = watched([m.__dict__ for m in self._modules])
-        self._snap = None
-
-    def _state_key(self) -> int:
-        snap = snapshot(self._watched)
-        if same_snapshot(self._snap, snap):
-            return self._state_token
-        self._epoch += 1
-        # Something changed (or submodules were added or replaced): walk the tree again
-        # and look the state up; equal states share a token, so switching back and forth
-        # (train/eval) reuses entries.
-        self._refresh_modules()
-        state = module_state(self._modules)
-        token = self._tokens.get(state)
-        if token is None:
-            token = len(self._tokens) + 1
-            self._tokens[state] = token
-            self._token_info[token] = (list(self._module_names), state)
-        self._snap = snapshot(self._watched)
-        self._state, self._state_token = state, token
-        return token
 
     # -- a call ----------------------------------------------------------------------
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         tensors, spec = io.flatten_call(args, kwargs, self._arg_names)
         meta = tuple((t.dtype, t.dim(), t.device, t.requires_grad) for t in tensors)
-        grad, state = torch.is_grad_enabled(), self._state_key()
+        grad, state = torch.is_grad_enabled(), self._tree.token()
         last, entry = self._last_key, self._last_entry
         # The same schema as the last call (the common case): its entry, without building
         # and hashing a key.
@@ -268,7 +233,7 @@ class TransitionManager:
     def _build_direct(self, entry: Entry, tensors: list) -> "direct.DirectRunner | None":
         try:
             runner = direct.build(self.module, entry.key.spec, tensors, entry.backend,
-                                  list(zip(self._module_names, self._modules)), self._epoch)
+                                  self._tree.named(), self._tree.epoch)
         except direct.ExportRefused as e:
             entry.direct_refused = str(e)
             logger.info("lort.ORTModule(%s): schema s%d goes through Dynamo: %s", self.name, entry.index, e)
@@ -279,7 +244,7 @@ class TransitionManager:
 
     def _run_direct(self, entry: Entry, runner: "direct.DirectRunner", tensors: list) -> Any:
         try:
-            out = runner.run(tensors, self._epoch)
+            out = runner.run(tensors, self._tree.epoch)
         except direct.Stale as e:
             entry.runners.pop(runner.shapes, None)
             entry.runner = None
@@ -288,7 +253,7 @@ class TransitionManager:
             if runner is None:
                 return self._run(entry, tensors, *io.unflatten(entry.key.spec, tensors))
             entry.runner = runner
-            out = runner.run(tensors, self._epoch)
+            out = runner.run(tensors, self._tree.epoch)
         entry.calls += 1
         return out
 
@@ -377,9 +342,7 @@ class TransitionManager:
             return "first call"
         parts: list[str] = []
         if last.state != key.state:
-            old_names, old_state = self._token_info[last.state]
-            new_names, new_state = self._token_info[key.state]
-            parts += state_diff(old_names, old_state, new_names, new_state)
+            parts += self._tree.diff(last.state, key.state)
         if last.grad_enabled != key.grad_enabled:
             parts.append(f"grad mode {'enabled' if key.grad_enabled else 'disabled'}")
         if last.spec != key.spec:
