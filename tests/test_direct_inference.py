@@ -276,3 +276,24 @@ def test_gpt2_exports_with_attention_in_its_math_form():
     graph = export.export_inference(direct._Flat(model.eval(), spec), flat, table, prefix="m.")
     targets = {str(n.target) for n in graph.gm.graph.nodes if n.op == "call_function"}
     assert not any("scaled_dot_product" in t for t in targets), targets
+
+
+def test_a_graph_timed_slower_than_eager_runs_the_module_itself(net, monkeypatch):
+    """executor="auto" chose eager PyTorch for the whole graph: later calls run the
+    module directly (no weight checks to pay), and still see every change."""
+    from lort.compile.tuner import Tuner
+    from lort.reasons import Placement
+
+    monkeypatch.setattr(Tuner, "choose_graph_executor", lambda self, times: Placement.PYTORCH)
+    model, x = net
+    om = lort.ORTModule(model, options={**OPTS, "executor": "auto"})
+    _check(om, model, x)
+    runner = _entry(om).runner
+    assert runner.runs_eager
+    calls = []
+    monkeypatch.setattr(runner, "_call", lambda *a: calls.append(1))  # the graph path is not taken
+    _check(om, model, x)
+    with torch.no_grad():
+        model.fc.weight.mul_(-1)
+    _check(om, model, x)
+    assert calls == [] and _direct(om)

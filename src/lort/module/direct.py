@@ -86,8 +86,12 @@ class DirectRunner:
     """One exported graph: ``run(tensors)`` returns the module's output."""
 
     def __init__(self, fn: Callable, exported: ExportedGraph, out_spec, shapes: tuple, modules: list,
-                 root: torch.nn.Module, epoch: int):
+                 root: torch.nn.Module, epoch: int, eager: Callable | None = None):
         self._fn = fn
+        self._eager = eager
+        #: executor="auto" chose eager PyTorch for the whole graph: the caller then runs
+        #: the module itself (nothing of the graph's to check).
+        self.runs_eager = False
         self.shapes = shapes
         self._out_spec = out_spec
         self._weights = [exported.example_inputs[i] for i in sorted(exported.weights)]
@@ -159,6 +163,9 @@ class DirectRunner:
                 return
             fn = fn.chosen
         self._settled = True
+        if fn is self._eager:
+            self.runs_eager = True
+            return
         single = _single_group(fn)
         if single is None:
             self._call = self._general(fn)
@@ -301,7 +308,7 @@ def build(module: torch.nn.Module, spec: tuple, tensors: list[torch.Tensor], bac
             return flat(*[args[i] for i in user])
 
     fn = backend.compile_exported(exported, eager)
-    return DirectRunner(fn, exported, out_spec, shape_key(tensors), modules, flat, epoch)
+    return DirectRunner(fn, exported, out_spec, shape_key(tensors), modules, flat, epoch, eager)
 
 
 __all__ = ["DirectRunner", "ExportRefused", "MAX_RUNNERS", "Stale", "build", "describe_change", "held_objects", "shape_key"]
