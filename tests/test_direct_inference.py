@@ -297,3 +297,31 @@ def test_a_graph_timed_slower_than_eager_runs_the_module_itself(net, monkeypatch
         model.fc.weight.mul_(-1)
     _check(om, model, x)
     assert calls == [] and _direct(om)
+
+
+class HoldsTensor(torch.nn.Module):
+    """Reads a tensor held by a plain object it holds (not a buffer, not its own)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.settings = Settings()
+        self.settings.bias = torch.ones(4)
+
+    def forward(self, x):
+        return self.fc(x) + self.settings.bias
+
+
+def test_a_tensor_an_object_holds_is_seen():
+    torch.manual_seed(0)
+    model = HoldsTensor().eval()
+    x = torch.randn(3, 4)
+    om = lort.ORTModule(model, options=OPTS)
+    _check(om, model, x)
+    model.settings.bias = torch.full((4,), -3.0)  # replaced: no module attribute set
+    _check(om, model, x)
+    model.settings.bias.mul_(2)
+    _check(om, model, x)
+    model.settings.bias = torch.zeros(1, 4)  # another shape (broadcast): exported again
+    _check(om, model, x)
+    assert _direct(om)

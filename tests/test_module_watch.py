@@ -203,3 +203,44 @@ def test_wrapped_classes_still_trace_whole_under_dynamo():
         out = torch.compile(other, backend=backend, fullgraph=True)(x)
         torch.testing.assert_close(out, other.fc(x))
         torch.testing.assert_close(other.last, other.fc(x).detach().sum(0))
+
+
+class Sliced(nn.Module):
+    """Slices its ModuleList in forward (as Llama does with ``self.layers[:n]``): a new
+    ModuleList, filled by add_module, on every call; and sets an attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+        self.n = 2
+        self.calls = torch.zeros(())
+
+    def forward(self, x):
+        for layer in self.layers[: self.n]:
+            x = torch.relu(layer(x))
+        self.calls = self.calls + 1
+        return x
+
+
+def test_modules_made_in_forward_and_dynamo_replays_do_not_recompile():
+    """The counter is no guarded constant of a Dynamo graph (one graph for many calls)
+    and modules made inside forward do not move it."""
+    torch.manual_seed(0)
+    watched = Sliced()
+    with torch.no_grad():
+        lort.ORTModule(watched, options=OPTS)(torch.randn(2, 4))  # watches Sliced, ModuleList, Linear
+    other = Sliced()
+    x = torch.randn(3, 4)
+    torch._dynamo.reset()
+    compiled = torch.compile(other, backend="eager", fullgraph=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), Sliced.forward(other, x))
+    before = watch.epoch()
+    with torch.no_grad():
+        watched(x)
+    # One bump, for the attribute its forward sets; none for the two add_module calls of
+    # the sliced ModuleList, which is no member of the watched tree.
+    assert watch.epoch() == before + 1
+    watched.n = 3
+    assert watch.epoch() == before + 2

@@ -235,7 +235,9 @@ def _single_group(fn) -> tuple | None:
 def _owners(root: torch.nn.Module, exported: ExportedGraph, order: list[int]) -> tuple[list[dict], list]:
     """(the dict each weight is read from per call, its key there), in ``order``: a
     module's ``_parameters``, ``_buffers`` or ``__dict__`` for a weight that is an
-    attribute, a dict of its own for a constant made while tracing."""
+    attribute (of a module, or of an object a module holds), a dict of its own for a
+    constant made while tracing. Raises ExportRefused for a tensor found elsewhere (a
+    property, say)."""
     owners, keys = [], []
     for i in order:
         target = exported.targets.get(i)
@@ -244,7 +246,9 @@ def _owners(root: torch.nn.Module, exported: ExportedGraph, order: list[int]) ->
             keys.append(0)
             continue
         path, _, key = target.rpartition(".")
-        d = root.get_submodule(path).__dict__
+        d = getattr(operator.attrgetter(path)(root), "__dict__", None)
+        if not isinstance(d, dict) or key not in d and not any(key in d.get(r, ()) for r in ("_parameters", "_buffers")):
+            raise ExportRefused(f"weight {target} is in no attribute dict (its changes could not be seen)")
         owner = next((d[r] for r in ("_parameters", "_buffers") if key in d.get(r, ())), d)
         owners.append(owner)
         keys.append(key)

@@ -4,22 +4,26 @@ only taken after the counter moved).
 
 The counter (``epoch()``) moves on:
 
-- any attribute set or deleted on an instance of a watched class (``m.eps = ...``,
+- any attribute set or deleted on a module of a watched tree (``m.eps = ...``,
   ``m.train()``/``eval()``, a parameter, buffer or submodule assigned or deleted,
   ``m.forward = f``, ``m.__class__ = C``): the class's ``__setattr__`` and
   ``__delattr__`` are wrapped in place, as Dynamo's mutation_guard does, once per class
   and for the life of the process;
-- a forward or backward hook registered through a watched class's ``register_*_hook``;
-- any ``register_parameter``, ``register_buffer`` or ``add_module`` in the process
-  (torch's global registration hooks).
+- a forward or backward hook registered on one through its class's ``register_*_hook``;
+- ``register_parameter``, ``register_buffer`` or ``add_module`` on one (torch's global
+  registration hooks).
+
+Nothing moves it while Dynamo traces: Dynamo replays a forward's attribute sets on the
+real modules after its graph runs, through the same wrappers.
 
 What it does not see: writes to a module's ``__dict__`` or registries
 (``m._parameters[k] = p``, ``ModuleList.insert``, a hook removed through its handle),
 ``object.__setattr__``. module/state.py polls what of these matters (containers'
 submodules, hook dicts that hold hooks) and module/direct.py reads each weight through
-its registry on every call. A wrapped instance of an unwatched class costs one counter
-bump per set attribute (about 0.1 us) and is otherwise untouched: ``type(m)`` and
-pickling do not change."""
+its registry on every call. Instances of a wrapped class outside any watched tree pay a
+membership test per attribute set and are otherwise untouched: ``type(m)``, pickling and ``copy`` do not change. The counter is
+a plain increment after each change, not atomic: modules mutated by several threads at
+once while another calls them may lose a bump."""
 
 from __future__ import annotations
 
@@ -30,6 +34,9 @@ import torch
 
 # One global counter, bumped after a change; a reader compares it with the value it saw.
 _EPOCH = [0]
+#: The modules of watched trees: only their changes move the counter (a module made and
+#: dropped inside a forward, as Llama's ``self.layers[:n]`` makes a ModuleList, does not).
+_members: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
 _patched: "weakref.WeakSet[type]" = weakref.WeakSet()
 _unpatchable: "weakref.WeakSet[type]" = weakref.WeakSet()
 _global_hooks: list = []
@@ -51,6 +58,7 @@ def watch(modules: list[torch.nn.Module]) -> bool:
     cannot be wrapped (its changes are then only seen by polling)."""
     if not _global_hooks:
         _register_global_hooks()
+    _members.update(modules)
     ok = True
     for cls in {type(m) for m in modules}:
         if cls in _patched:
@@ -66,8 +74,16 @@ def watch(modules: list[torch.nn.Module]) -> bool:
     return ok
 
 
-def _bump(*_args) -> None:
-    _EPOCH[0] += 1
+def _changed(module) -> None:
+    # While Dynamo traces (or torch.export), nothing is bumped: the counter must not
+    # become a guarded constant of the graph, and Dynamo replays a forward's attribute
+    # sets on the real modules after the graph, through these same wrappers.
+    if not torch.compiler.is_compiling() and module in _members:
+        _EPOCH[0] += 1
+
+
+def _registered(module, _name, _value) -> None:
+    _changed(module)
 
 
 def _register_global_hooks() -> None:
@@ -76,14 +92,14 @@ def _register_global_hooks() -> None:
     for register in (nn_module.register_module_parameter_registration_hook,
                      nn_module.register_module_buffer_registration_hook,
                      nn_module.register_module_module_registration_hook):
-        _global_hooks.append(register(_bump))
+        _global_hooks.append(register(_registered))
 
 
 def _wrap_setattr(original):
     @functools.wraps(original)
     def __setattr__(self, name, value):
         original(self, name, value)
-        _EPOCH[0] += 1
+        _changed(self)
 
     return __setattr__
 
@@ -92,7 +108,7 @@ def _wrap_delattr(original):
     @functools.wraps(original)
     def __delattr__(self, name):
         original(self, name)
-        _EPOCH[0] += 1
+        _changed(self)
 
     return __delattr__
 
@@ -101,7 +117,7 @@ def _wrap_method(original):
     @functools.wraps(original)
     def method(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        _EPOCH[0] += 1
+        _changed(self)
         return out
 
     return method
