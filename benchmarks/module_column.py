@@ -70,9 +70,14 @@ def module_summary(sel, whole: str) -> str:
 
 
 def module_where(step) -> str:
-    """How ORTModule ran: direct (exported) or through Dynamo, and why."""
+    """How ORTModule ran: direct (exported; "(eager)" where executor="auto" chose eager
+    PyTorch for the graph, and the module runs itself) or through Dynamo, and why."""
     entries = list(step.module.transition_manager.entries.values())
     refused = [e.direct_refused for e in entries if e.direct_refused]
     if refused:
         return f"Dynamo ({refused[0][:60]})"
-    return "direct" if any(e.runners for e in entries) else "Dynamo"
+    runners = [r for e in entries for r in e.runners.values()]
+    if not runners:
+        return "Dynamo"
+    # executor="auto" timed the exported graph against eager PyTorch on its first call.
+    return "direct (eager)" if all(r.runs_eager for r in runners) else "direct"
