@@ -325,8 +325,8 @@ def test_fused_model_refused_by_ort_falls_back_to_plain_translation(monkeypatch)
 @pytest.mark.parametrize("one, expected", [(0.95, 4), (0.85, 1), (1.2, 4)])
 def test_one_thread_only_when_faster_by_the_margin(one, expected):
     class Timed(Tuner):
-        def time_session(self, model_bytes, device, options, threads, feeds):
-            return {4: 1e-3, 1: one * 1e-3}[threads]
+        def time_sessions(self, model_bytes, device, options, counts, feeds):
+            return {n: {4: 1e-3, 1: one * 1e-3}[n] for n in counts}
 
     threads, times = Timed().choose_threads(b"", torch.device("cpu"), lort.Options(), [object()], 4)
     assert threads == expected and times == {4: 1e-3, 1: one * 1e-3}
@@ -608,3 +608,22 @@ def test_logcumsumexp_float64_gradient_matches_eager():
     in_torch = [op for record in backend.records for op, _ in record.fallbacks]
     assert in_torch == []
     assert sum(record.ort_nodes for record in backend.records) > 10
+
+
+def test_thread_counts_are_timed_round_robin(monkeypatch):
+    """time_sessions alternates the counts' runs and keeps each one's fastest; a first
+    count busy beyond parallel_work_s is the only one timed."""
+    from lort.compile import tuner as tuner_module
+
+    order = []
+
+    def fake_run(model_bytes, device, options, threads, feeds):
+        return lambda: order.append(threads)
+
+    monkeypatch.setattr(tuner_module, "_session_run", fake_run)
+    times = Tuner().time_sessions(b"", torch.device("cpu"), lort.Options(), (2, 1), [], warmup=1, samples=3)
+    assert set(times) == {2, 1} and all(t is not None and t < 1 for t in times.values())
+    assert order == [2] + [2, 1] * 4  # the first count's probe, then alternating
+    order.clear()
+    times = Tuner(parallel_work_s=-1.0).time_sessions(b"", torch.device("cpu"), lort.Options(), (2, 1), [])
+    assert order == [2] and set(times) == {2}

@@ -3,7 +3,7 @@
 Three decisions, each from timings on inputs of the real shapes:
 
 - **threads** (``choose_threads``): a group's ORT session with torch's thread count
-  against one thread (CPU; small groups run faster on one);
+  against one thread, sampled round-robin (CPU; small groups run faster on one);
 - **group executor** (``choose_group_executor``, executor="auto"): a group in ORT against
   its FX graph in PyTorch; PyTorch takes it when below ``group_pytorch_margin`` x ORT's
   time (there PyTorch runs a decomposed graph, so ORT keeps a margin);
@@ -69,12 +69,8 @@ class Tuner:
         chosen by. Raises SessionCreationError if ORT refuses the model."""
         if feeds is None:
             return threads, {}
-        times: dict[int, float | None] = {}
-        for n in (threads, 1):
-            times[n] = self.time_session(model_bytes, device, options, n, feeds)
-            if times[n] is None or times[n] > self.parallel_work_s:
-                break  # enough work to use every thread (or no measurement possible)
-        if times.get(1) is not None and times[1] < self.thread_margin * times[threads]:
+        times = self.time_sessions(model_bytes, device, options, (threads, 1), feeds)
+        if times.get(1) is not None and times.get(threads) is not None and times[1] < self.thread_margin * times[threads]:
             threads = 1
         return threads, times
 
@@ -98,9 +94,38 @@ class Tuner:
         SessionCreationError."""
         if device.type != "cpu":
             return None
-        session = create_session(model_bytes, device, options, "timing", threads, count=False)
-        named = {i.name: f for i, f in zip(session.get_inputs(), feeds)}
-        return median_run_time(lambda: session.run(None, named))
+        return median_run_time(_session_run(model_bytes, device, options, threads, feeds))
+
+    def time_sessions(
+        self, model_bytes: bytes, device: torch.device, options: Options, counts: tuple[int, ...], feeds: list,
+        warmup: int = 2, samples: int = 7,
+    ) -> dict[int, float | None]:
+        """Seconds of a run of a throwaway session per thread count in ``counts``, on
+        NumPy ``feeds``: the fastest of samples taken round-robin (drift in the machine's
+        speed hits every count alike; timing one count after the other let a slow spell
+        pin a group to the wrong count). A first count whose run takes longer than
+        ``parallel_work_s`` is the only one timed (enough work to use every thread).
+        None for a count that cannot be measured (not CPU, or a run raises). Raises
+        SessionCreationError."""
+        if device.type != "cpu":
+            return {counts[0]: None}
+        runs = {counts[0]: _session_run(model_bytes, device, options, counts[0], feeds)}
+        first = _seconds(runs[counts[0]])
+        if first is None or first > self.parallel_work_s:
+            return {counts[0]: first}
+        for n in counts[1:]:
+            runs[n] = _session_run(model_bytes, device, options, n, feeds)
+        best: dict[int, float | None] = {n: float("inf") for n in runs}
+        for i in range(warmup + samples):
+            for n, run in runs.items():
+                if best[n] is None:
+                    continue
+                elapsed = _seconds(run)
+                if elapsed is None:
+                    best[n] = None
+                elif i >= warmup:
+                    best[n] = min(best[n], elapsed)
+        return best
 
     def time_group_session(self, sess: GroupSession, feeds: list, device: torch.device) -> float | None:
         """Median seconds of a run of a group's session on ``feeds`` moved to ``device``
@@ -159,6 +184,22 @@ class Tuner:
             n = len(next(iter(samples.values())))
             if n >= self.graph_max_samples or (n >= self.graph_min_samples and spent > self.graph_budget_s * len(candidates)):
                 return {name: min(v) for name, v in samples.items()}
+
+
+def _session_run(model_bytes: bytes, device: torch.device, options: Options, threads: int, feeds: list) -> Callable:
+    session = create_session(model_bytes, device, options, "timing", threads, count=False)
+    named = {i.name: f for i, f in zip(session.get_inputs(), feeds)}
+    return lambda: session.run(None, named)
+
+
+def _seconds(run: Callable) -> float | None:
+    """Seconds of one ``run()``; None if it raises (an invalid synthetic input)."""
+    try:
+        t0 = time.perf_counter()
+        run()
+        return time.perf_counter() - t0
+    except Exception:  # noqa: BLE001 - no measurement
+        return None
 
 
 def synthetic_inputs(metas) -> list | None:
