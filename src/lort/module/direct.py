@@ -105,6 +105,9 @@ class DirectRunner:
         # The k-th of (*weights, *tensors) is placeholder order[k].
         self._order = sorted(exported.weights) + exported.user_inputs
         self._call = self._general(fn)
+        # After the first call, where the graph is one ORT group holding every weight
+        # frozen: (current weights, tensors) -> outputs, or None to take the full path.
+        self._steady: Callable | None = None
         self._settled = False
         # What the module state's token does not cover: the objects held as attributes
         # (their identity, checked when the module tree changed, and their attributes,
@@ -113,6 +116,11 @@ class DirectRunner:
         self._held_dicts = [obj.__dict__ for *_, obj in self._held]
         self._held_values = [tuple(d.values()) for d in self._held_dicts]
         self.epoch = epoch
+
+    @property
+    def settled(self) -> bool:
+        """Whether the graph's executor is chosen (after the first call)."""
+        return self._settled
 
     def matches(self, tensors: list[torch.Tensor]) -> bool:
         return shape_key(tensors) == self.shapes
@@ -124,16 +132,20 @@ class DirectRunner:
             current = list(map(operator.getitem, self._owners, self._keys))
         except KeyError:
             raise Stale("a weight was removed from its module") from None
-        if not all(map(operator.is_, current, self._weights)):
-            self._weights_replaced(current)
-        weights = self._weights
-        if list(map(_DATA_PTR, weights)) != self._ptrs:
-            self._weights_moved()
         if epoch != self.epoch:
             self._replaced()
             self.epoch = epoch
         if self._held and not same_snapshot(self._held_values, [tuple(d.values()) for d in self._held_dicts]):
             raise Stale(self._held_change())
+        if self._steady is not None:
+            outs = self._steady(current, tensors)
+            if outs is not None:
+                return io.unflatten(self._out_spec, outs)
+        if not all(map(operator.is_, current, self._weights)):
+            self._weights_replaced(current)
+        weights = self._weights
+        if list(map(_DATA_PTR, weights)) != self._ptrs:
+            self._weights_moved()
         outs = self._call(weights, tensors)
         if not self._settled:
             self._settle(fn=self._fn)
@@ -174,12 +186,28 @@ class DirectRunner:
         source = {pos: k for k, pos in enumerate(self._order)}  # placeholder -> index in (*weights, *tensors)
         picks = [source[p] for p in arg_places]
         pick = operator.itemgetter(*picks) if len(picks) > 1 else (lambda a: (a[picks[0]],))
-        forward = group.forward
-        if out_index == list(range(len(group.where))):
-            self._call = lambda weights, tensors: forward(*pick((*weights, *tensors)))
-        else:
-            select = operator.itemgetter(*out_index) if len(out_index) > 1 else (lambda a: (a[out_index[0]],))
-            self._call = lambda weights, tensors: select(forward(*pick((*weights, *tensors))))
+        forward, route = group.forward, [group.steady_run()]
+        select = None if out_index == list(range(len(group.where))) else (
+            operator.itemgetter(*out_index) if len(out_index) > 1 else (lambda a: (a[out_index[0]],)))
+
+        def call(weights, tensors):
+            outs = forward(*pick((*weights, *tensors)))
+            if self._steady is not None:  # the group's route as it is now (weights frozen again)
+                route[0] = group.steady_run()
+            return outs if select is None else select(outs)
+
+        self._call = call
+        # Every weight the group takes frozen in it (the graph reads no other: BatchNorm's
+        # num_batches_tracked in eval): the group's frozen-weight check (identity,
+        # version, data pointer) covers the runner's own identity and pointer checks, so
+        # a call takes the group's shortest route (runtime/group.py, steady_run) first.
+        if {picks[j] for j in group.frozen_inputs()} >= {k for k in picks if k < len(self._weights)}:
+            def steady(current, tensors):
+                r = route[0]
+                outs = None if r is None else r(pick((*current, *tensors)))
+                return outs if outs is None or select is None else select(outs)
+
+            self._steady = steady
 
     def _weights_replaced(self, current: list[torch.Tensor]) -> None:
         """Weights replaced in their registries: the call runs on the new ones (the
@@ -210,6 +238,37 @@ class DirectRunner:
         for where, d, key, obj in self._held:
             if d.get(key, None) is not obj:
                 raise Stale(f"attribute {where} replaced")
+
+
+#: What a lane returns where it does not serve the call.
+MISS = object()
+_META = operator.attrgetter("dtype", "device", "requires_grad")
+
+
+def lane(entry, runner: DirectRunner, tensors: list, grad: bool, state: int, tree) -> Callable:
+    """ORTModule's steady state: ``lane(args)`` is the output of a call made as the one
+    that built it, or MISS (the transition manager then takes its full path, which
+    decides and says why). The same call: positional tensors only, of the same count,
+    dtypes, devices, requires_grad, shapes and strides (so the same ranks), the same
+    grad mode and module state token (``tree``: module/state.py's ModuleState), no
+    autocast, and the entry still runs ``runner``. The runner's own checks (weights,
+    held objects) follow; one that finds it stale gives MISS before running anything."""
+    n, meta, shapes = len(tensors), tuple(map(_META, tensors)), runner.shapes
+    token, run, cpu, cuda = tree.token, runner.run, torch.is_autocast_enabled, ("cpu", "cuda")
+
+    def call(args):
+        if (len(args) != n or not all(map(io.is_tensor, args)) or torch.is_grad_enabled() != grad
+                or entry.runner is not runner or entry.eager or token() != state or cpu(cuda[0]) or cpu(cuda[1])
+                or tuple(map(_META, args)) != meta or shape_key(args) != shapes):
+            return MISS
+        try:
+            out = run(list(args), tree.epoch)
+        except Stale:
+            return MISS
+        entry.calls += 1
+        return out
+
+    return call
 
 
 def _single_group(fn) -> tuple | None:

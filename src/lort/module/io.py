@@ -56,9 +56,9 @@ def flatten_call(args: tuple, kwargs: dict, arg_names: list[str],
                  paths: list[str] | None = None) -> tuple[list[torch.Tensor], tuple]:
     """``flatten((args, kwargs))`` where positional argument i is named ``arg_names[i]``
     in paths (the parameter names of ``forward``) and keyword arguments by their key."""
-    if paths is None and not kwargs and all(map(_is_tensor, args)):
+    if paths is None and not kwargs and all(map(is_tensor, args)):
         # The common call, tensors only: its spec without walking (the same as below).
-        return list(args), _TENSOR_CALLS.get(len(args)) or _tensor_call_spec(len(args))
+        return list(args), tensor_call_spec(len(args))
     tensors: list[torch.Tensor] = []
     track = paths is not None
     a = tuple(
@@ -72,13 +72,15 @@ def flatten_call(args: tuple, kwargs: dict, arg_names: list[str],
 _TENSOR_CALLS: dict[int, tuple] = {}
 
 
-def _is_tensor(obj) -> bool:
+def is_tensor(obj) -> bool:
     return isinstance(obj, torch.Tensor)
 
 
-def _tensor_call_spec(n: int) -> tuple:
-    spec = ("tuple", (("tuple", (("tensor",),) * n), ("dict", dict, (), ())))
-    _TENSOR_CALLS[n] = spec
+def tensor_call_spec(n: int) -> tuple:
+    """The spec of a call of ``n`` positional tensors (one object per ``n``)."""
+    spec = _TENSOR_CALLS.get(n)
+    if spec is None:
+        spec = _TENSOR_CALLS[n] = ("tuple", (("tuple", (("tensor",),) * n), ("dict", dict, (), ())))
     return spec
 
 

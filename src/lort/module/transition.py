@@ -28,6 +28,7 @@ import dataclasses
 import inspect
 import logging
 import os
+import sys
 import types
 import warnings
 from typing import Any, Callable
@@ -165,6 +166,7 @@ class TransitionManager:
         self._last_entry: Entry | None = None  # the entry of _last_key
         # Module state: the modules walked, the last state seen and its token.
         self._tree = ModuleState(module)  # the module state and its change counter
+        self._lane: Callable | None = None  # direct.lane of the last direct call
 
     # -- bookkeeping ---------------------------------------------------------------
     @property
@@ -176,6 +178,7 @@ class TransitionManager:
         """Forget every entry (e.g. the module was converted by ``to()``): the next call
         captures again, logging ``reason``."""
         self.entries.clear()
+        self._lane = None
         self._last_key = None
         self._last_entry = None
         self._pending_reason = reason
@@ -185,6 +188,10 @@ class TransitionManager:
 
     # -- a call ----------------------------------------------------------------------
     def __call__(self, args: tuple, kwargs: dict) -> Any:
+        if self._lane is not None and not kwargs:  # direct inference's steady state
+            out = self._lane(args)
+            if out is not direct.MISS:
+                return out
         tensors, spec = io.flatten_call(args, kwargs, self._arg_names)
         meta = tuple((t.dtype, t.dim(), t.device, t.requires_grad) for t in tensors)
         grad, state = torch.is_grad_enabled(), self._tree.token()
@@ -209,7 +216,12 @@ class TransitionManager:
             if runner is not None:
                 if runner.runs_eager:  # executor="auto" timed eager PyTorch faster
                     return self.module(*args, **kwargs)
-                return self._run_direct(entry, runner, tensors)
+                out = self._run_direct(entry, runner, tensors)
+                runner = entry.runner
+                if spec is io.tensor_call_spec(len(tensors)) and runner is not None and runner.settled \
+                        and not runner.runs_eager:
+                    self._lane = direct.lane(entry, runner, tensors, grad, state, self._tree)
+                return out
         return self._run(entry, tensors, args, kwargs)
 
     # -- direct inference (module/direct.py) -------------------------------------------
@@ -264,6 +276,7 @@ class TransitionManager:
         logger.info("lort.ORTModule(%s): re-capture of schema s%d: %s", self.name, entry.index, reason)
 
     def _new_entry(self, key: SchemaKey) -> Entry:
+        self._lane = None  # it may hold an entry this one evicts
         reason = self._reason(key)
         self._pending_reason = None
         self._next_index += 1
@@ -326,9 +339,7 @@ class TransitionManager:
                 msg.replace("; running the module in PyTorch", "") +
                 " (fallback policy 'raise'; set fallback='warn' or LORT_FALLBACK_POLICY=warn to run it in PyTorch)"
             ) from error
-        # _fallback <- _run <- __call__ <- ORTModule.forward <- Module._call_impl <-
-        # Module._wrapped_call_impl <- the user's call.
-        warnings.warn(msg, stacklevel=7)
+        warnings.warn(msg, stacklevel=_user_stacklevel())
         logger.warning("%s", msg)
         entry.eager = True
         entry.fn = None
@@ -386,6 +397,16 @@ class TransitionManager:
             where = where.rsplit("#", 1)[-1].strip()
             return f"Dynamo guard failed: {code.strip()}" + (f" ({where})" if where else "")
         return "Dynamo captured the entry again"
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel of ``warnings.warn`` (called in this module) that names the user's
+    call: the first frame outside lort and torch.nn's Module call machinery."""
+    skip = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep, torch.nn.Module.__call__.__code__.co_filename)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _autocast() -> bool:

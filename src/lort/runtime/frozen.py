@@ -89,19 +89,23 @@ class WeightGuard:
                 self._where.append(probe[1])
                 self._values.append(probe[2])
 
-    def changed(self, args) -> str | None:
-        """The name of the first frozen weight that changed (``args``: the group's
-        inputs), or None."""
-        # The common case, nothing changed, is decided by C-level maps (about 0.1 us a
-        # weight); only a change walks the weights in Python to name it.
+    def same(self, args) -> bool:
+        """Whether no frozen weight changed (``args``: the group's inputs). The common
+        case, decided by C-level maps (about 0.1 us a weight)."""
         picked = self._pick(args)
-        if (
+        return (
             all(map(operator.is_, picked, self.tensors))
             and list(map(_VERSION, picked)) == self.versions
             and list(map(_DATA_PTR, picked)) == self.ptrs
             and list(map(operator.getitem, self._views, self._where)) == self._values
-        ):
+        )
+
+    def changed(self, args) -> str | None:
+        """The name of the first frozen weight that changed (``args``: the group's
+        inputs), or None."""
+        if self.same(args):
             return None
+        picked = self._pick(args)
         for k, a in enumerate(picked):
             if a is not self.tensors[k] or a._version != self.versions[k] or a.data_ptr() != self.ptrs[k]:
                 return self.names[k]

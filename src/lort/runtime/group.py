@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import warnings
 from typing import Callable
 
@@ -99,6 +100,10 @@ class OrtGroup(torch.nn.Module):
         """How many weights the group's sessions hold as ORT initializers now."""
         return len(self._frozen_idx) if self._guard is not None else 0
 
+    def frozen_inputs(self) -> set[int]:
+        """The positions of the inputs the group's sessions hold frozen now."""
+        return set(self._frozen_idx) if self._guard is not None else set()
+
     def _drop_sessions(self) -> None:
         self.sessions.clear()
         self._static_sessions.clear()
@@ -157,6 +162,37 @@ class OrtGroup(torch.nn.Module):
         return sess
 
     # -- run ---------------------------------------------------------------------
+    def steady_run(self) -> Callable[[tuple], tuple | None] | None:
+        """For a caller that runs this group alone, call after call (ORTModule's direct
+        inference): a function of the group's arguments that gives ``forward``'s outputs
+        by the shortest route, the frozen-weight check and the session's run, or None
+        where that route does not apply to a call (a weight changed, the session was
+        replaced, ORT failed): the caller then calls ``forward``, which handles it.
+        None where the group has no such route (not run in ORT alone, layouts to
+        restore, CUDA, weights not frozen)."""
+        guard, sess = self._guard, self._frozen_sessions.get(False)
+        if (self.options.mode != "ort" or self.executor != Placement.ORT or self._cuda or guard is None
+                or sess is None or not sess.static_outputs
+                or self._any_in_perm or self._any_out_perm or self._any_restride):
+            return None
+        live = self._live
+        pick = (operator.itemgetter(*live) if len(live) > 1
+                else (lambda a: (a[live[0]],)) if live else (lambda a: ()))
+        where = None if self._identity_where else list(self.compiled.where)
+        same, frozen, run = guard.same, self._frozen_sessions, sess.run
+
+        def steady(args):
+            if self._guard is not guard or frozen.get(False) is not sess or not same(args):
+                return None
+            try:
+                outs = run(pick(args))
+            except Exception:  # noqa: BLE001 - forward runs it again and handles the failure
+                return None
+            guard.calls_since_reset += 1
+            return tuple(outs) if where is None else tuple(outs[i] for i in where)
+
+        return steady
+
     def _run_ort(self, args) -> list[torch.Tensor]:
         if self._any_in_perm:
             args = [a if p is None else a.permute(p) for a, p in zip(args, self._in_perms)]

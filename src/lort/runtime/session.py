@@ -123,6 +123,8 @@ class GroupSession:
             self._order = cuda.StreamOrder(self._ort_device[1])
             self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
         self._static_outputs = all(o.shape is not None for o in outputs)
+        #: Whether output shapes are known before a run (outputs are bound to torch memory).
+        self.static_outputs = self._static_outputs
         # A persistent binding: inputs are rebound only when a tensor's memory changed
         # (parameters keep theirs across calls and optimizer steps), outputs every call.
         self._binding = _FastBinding(self.session, self._ort_device)
