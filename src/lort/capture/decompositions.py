@@ -23,7 +23,8 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
   index_reduce, cummax/cummin): ``decompositions_indexing``.
 * lgamma, digamma and polygamma (no ONNX op) as PyTorch's CPU algorithms in elementwise
   ops: ``decompositions_special``; Bessel j0, j1, y0, y1 and spherical j0:
-  ``decompositions_bessel``.
+  ``decompositions_bessel``; modified Bessel i0, i1, k0, k1, scaled k0, k1 and Airy Ai:
+  ``decompositions_bessel_modified``.
 * linalg_solve_triangular and triangular_solve as substitution steps, lu_unpack as masks
   and row swaps: ``decompositions_linalg``.
 """
@@ -40,6 +41,7 @@ from ..fusion import support
 from ..translate import _compat
 from . import (
     decompositions_bessel,
+    decompositions_bessel_modified,
     decompositions_indexing,
     decompositions_linalg,
     decompositions_ops,
@@ -356,5 +358,6 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     decomps.update(decompositions_indexing.table())
     decomps.update(decompositions_special.table())
     decomps.update(decompositions_bessel.table())
+    decomps.update(decompositions_bessel_modified.table())
     decomps.update(decompositions_linalg.table())
     return decomps
