@@ -77,10 +77,11 @@ def check_versions() -> None:
 def registry() -> Any:
     """torch_lib's ATen -> ONNX registry (built once; it takes about a second)."""
     check_versions()
-    from . import exact_scalars
+    from . import exact_scalars, polynomials
 
     reg = _ex_registration.ONNXRegistry.from_torchlib(OPSET)
     exact_scalars.register(reg)
+    polynomials.register(reg)
     return reg
 
 
