@@ -120,3 +120,59 @@ def test_lu_unpack_through_lort():
     g_got = torch.autograd.grad(got[1:], lu, cotangents)[0]
     g_exp = torch.autograd.grad(expected[1:], lu, cotangents)[0]
     torch.testing.assert_close(g_got, g_exp, rtol=0, atol=0)
+
+
+LU_SOLVE_CASES = [((3, 3), (3, 2)), ((2, 4, 4), (2, 4, 3)), ((4, 4), (2, 4, 1)), ((2, 1, 3, 3), (4, 3, 3))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("left", [True, False], ids=["left", "right"])
+@pytest.mark.parametrize("adjoint", [False, True], ids=["plain", "adjoint"])
+def test_lu_solve_equals_aten(dtype, left, adjoint):
+    g = torch.Generator().manual_seed(5)
+    tol = {torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
+    for shape_a, shape_b in LU_SOLVE_CASES:
+        lu, pivots = torch.linalg.lu_factor(torch.randn(shape_a, dtype=dtype, generator=g))
+        b = torch.randn(shape_b, dtype=dtype, generator=g)
+        if not left:
+            b = b.transpose(-2, -1).contiguous()
+        expected = torch.linalg.lu_solve(lu, pivots, b, left=left, adjoint=adjoint)
+        got = dl.linalg_lu_solve(lu, pivots, b, left=left, adjoint=adjoint)
+        torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+    # inf in B stays inf where eager's row swaps move it (a product with P would give NaN)
+    lu, pivots = torch.linalg.lu_factor(torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=dtype))
+    b = torch.tensor([[1.0], [float("inf")]], dtype=dtype)
+    b = b if left else b.transpose(-2, -1).contiguous()
+    torch.testing.assert_close(dl.linalg_lu_solve(lu, pivots, b, left=left, adjoint=adjoint),
+                               torch.linalg.lu_solve(lu, pivots, b, left=left, adjoint=adjoint), equal_nan=True)
+
+
+def test_lu_solve_leaves_what_it_cannot_solve():
+    lu, pivots = torch.linalg.lu_factor(torch.randn(3, 3))
+    assert dl.linalg_lu_solve(lu, pivots, torch.ones(3, 1, dtype=torch.float64)) is NotImplemented  # mixed dtypes
+    lu, pivots = torch.linalg.lu_factor(torch.randn(dl.MAX_SIZE + 1, dl.MAX_SIZE + 1))
+    assert dl.linalg_lu_solve(lu, pivots, torch.ones(dl.MAX_SIZE + 1, 1)) is NotImplemented
+
+
+def test_lu_solve_through_lort():
+    g = torch.Generator().manual_seed(6)
+    lu, pivots = torch.linalg.lu_factor(torch.randn(2, 4, 4, dtype=torch.float64, generator=g))
+    b = torch.randn(2, 4, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    backend = LortBackend({"executor": "ort", "disk_cache": False})
+
+    def fn(lu, pivots, b):
+        return torch.linalg.lu_solve(lu, pivots, b) + torch.linalg.lu_solve(lu, pivots, b, adjoint=True)
+
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(fn, backend=backend)(lu, pivots, b)
+    finally:
+        torch._dynamo.reset()
+    expected = fn(lu, pivots, b)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    fallbacks = [f for record in backend.records for f in record.fallbacks]
+    assert not [op for op, _ in fallbacks if op != "aten.detach.default"], fallbacks
+    assert sum(r.ort_nodes for r in backend.records) > 0
+    cotangent = torch.randn(expected.shape, dtype=expected.dtype, generator=g)
+    torch.testing.assert_close(torch.autograd.grad(got, b, cotangent)[0],
+                               torch.autograd.grad(expected, b, cotangent)[0], rtol=1e-12, atol=1e-12)

@@ -1,6 +1,7 @@
 """``linalg_solve_triangular`` and ``triangular_solve`` (no torch_lib translation) as
-substitution in elementwise ops and slices, and ``lu_unpack`` as masks and the pivots'
-row swaps, registered by ``decompositions.table``.
+substitution in elementwise ops and slices, ``lu_unpack`` as masks and the pivots'
+row swaps, and ``linalg_lu_solve`` as the row swaps and two substitutions, registered by
+``decompositions.table``.
 
 A X = B with A lower triangular is solved row by row in the order of the reference BLAS
 ``trsm``: x_k = r_k / a_kk, then every remaining residual row r_i -= a_ik x_k (k = 0, 1,
@@ -85,14 +86,7 @@ def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
     k = min(m, n)
     if k == 0 or k > MAX_SIZE or pivots.shape[-1] != k:
         return NotImplemented
-    rows = aten.arange.default(m, dtype=torch.int64, device=lu.device)
-    perm = aten.expand.default(rows, list(pivots.shape[:-1]) + [m])
-    swaps = aten.sub.Tensor(aten._to_copy.default(pivots, dtype=torch.int64), 1)
-    for i in range(k):
-        j = aten.slice.Tensor(swaps, -1, i, i + 1)
-        at_i = aten.slice.Tensor(perm, -1, i, i + 1)
-        at_j = aten.gather.default(perm, -1, j)
-        perm = aten.where.self(aten.eq.Scalar(rows, i), at_j, aten.where.self(aten.eq.Tensor(rows, j), at_i, perm))
+    rows, perm = _permutation(pivots, m, k, lu.device)
     p = aten._to_copy.default(
         aten.eq.Tensor(aten.unsqueeze.default(perm, -2), aten.unsqueeze.default(rows, -1)), dtype=lu.dtype
     )
@@ -102,9 +96,53 @@ def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
     return p, lower, upper
 
 
+def _permutation(pivots, m: int, k: int, device):
+    """(0..m-1, perm): the 1-based row swaps of ``pivots`` applied in order to the rows;
+    row c of P^T A is row perm[c] of A."""
+    rows = aten.arange.default(m, dtype=torch.int64, device=device)
+    perm = aten.expand.default(rows, list(pivots.shape[:-1]) + [m])
+    swaps = aten.sub.Tensor(aten._to_copy.default(pivots, dtype=torch.int64), 1)
+    for i in range(k):
+        j = aten.slice.Tensor(swaps, -1, i, i + 1)
+        at_i = aten.slice.Tensor(perm, -1, i, i + 1)
+        at_j = aten.gather.default(perm, -1, j)
+        perm = aten.where.self(aten.eq.Scalar(rows, i), at_j, aten.where.self(aten.eq.Tensor(rows, j), at_i, perm))
+    return rows, perm
+
+
+def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
+    """aten.linalg_lu_solve: X with A X = B (A^T X = B with ``adjoint``; X A = B, or
+    X A^T = B, with ``left=False``) for A = P L U given as ``lu_factor``'s (LU, pivots),
+    as LAPACK's getrs: the row swaps (a gather, or its inverse, a scatter: exact, where a
+    product with P would turn inf into NaN), then the two triangular substitutions."""
+    if lu.dtype != b.dtype or lu.dtype not in (torch.float32, torch.float64) or lu.dim() < 2 or b.dim() < 2:
+        return NotImplemented
+    n = lu.shape[-1]
+    if lu.shape[-2] != n or n == 0 or n > MAX_SIZE or b.numel() == 0 or pivots.shape[-1] != n:
+        return NotImplemented
+    if not left:  # X op(A) = B  <=>  op(A)^T X^T = B^T
+        x_t = linalg_lu_solve(lu, pivots, aten.transpose.int(b, -2, -1), left=True, adjoint=not adjoint)
+        return x_t if x_t is NotImplemented else aten.clone.default(
+            aten.transpose.int(x_t, -2, -1), memory_format=torch.contiguous_format)
+    batch = list(torch.broadcast_shapes(lu.shape[:-2], pivots.shape[:-1], b.shape[:-2]))
+    lu = aten.expand.default(lu, batch + [n, n])
+    b = aten.expand.default(b, batch + list(b.shape[-2:]))
+    _, perm = _permutation(aten.expand.default(pivots, batch + [n]), n, n, lu.device)
+    index = aten.expand.default(aten.unsqueeze.default(perm, -1), batch + list(b.shape[-2:]))
+    if not adjoint:  # U X = L^-1 P^T B
+        y = aten.gather.default(b, -2, index)
+        z = _solve_left(lu, y, upper=False, unitriangular=True)
+        return _solve_left(lu, z, upper=True, unitriangular=False)
+    lu_t = aten.transpose.int(lu, -2, -1)  # U^T L^T P^T X = B
+    z = _solve_left(lu_t, b, upper=False, unitriangular=False)
+    y = _solve_left(lu_t, z, upper=True, unitriangular=True)
+    return aten.scatter.src(aten.zeros_like.default(y), -2, index, y)
+
+
 def table() -> dict:
     return {
         aten.linalg_solve_triangular.default: linalg_solve_triangular,
         aten.triangular_solve.default: triangular_solve,
         aten.lu_unpack.default: lu_unpack,
+        aten.linalg_lu_solve.default: linalg_lu_solve,
     }
