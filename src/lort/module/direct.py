@@ -254,11 +254,11 @@ def lane(entry, runner: DirectRunner, tensors: list, grad: bool, state: int, tre
     autocast, and the entry still runs ``runner``. The runner's own checks (weights,
     held objects) follow; one that finds it stale gives MISS before running anything."""
     n, meta, shapes = len(tensors), tuple(map(_META, tensors)), runner.shapes
-    token, run, cpu, cuda = tree.token, runner.run, torch.is_autocast_enabled, ("cpu", "cuda")
+    token, run, autocast = tree.token, runner.run, torch.is_autocast_enabled
 
     def call(args):
         if (len(args) != n or not all(map(io.is_tensor, args)) or torch.is_grad_enabled() != grad
-                or entry.runner is not runner or entry.eager or token() != state or cpu(cuda[0]) or cpu(cuda[1])
+                or entry.runner is not runner or entry.eager or token() != state or autocast("cpu") or autocast("cuda")
                 or tuple(map(_META, args)) != meta or shape_key(args) != shapes):
             return MISS
         try:

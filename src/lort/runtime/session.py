@@ -122,9 +122,8 @@ class GroupSession:
         if device.type == "cuda":
             self._order = cuda.StreamOrder(self._ort_device[1])
             self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
-        self._static_outputs = all(o.shape is not None for o in outputs)
         #: Whether output shapes are known before a run (outputs are bound to torch memory).
-        self.static_outputs = self._static_outputs
+        self.static_outputs = all(o.shape is not None for o in outputs)
         # A persistent binding: inputs are rebound only when a tensor's memory changed
         # (parameters keep theirs across calls and optimizer steps), outputs every call.
         self._binding = _FastBinding(self.session, self._ort_device)
@@ -137,7 +136,7 @@ class GroupSession:
     def run(self, args) -> list[torch.Tensor]:
         """Run on torch tensors (and Python int/float scalars), sharing memory with ORT."""
         with self._lock:
-            if not self._static_outputs:
+            if not self.static_outputs:
                 self._binding = _FastBinding(self.session, self._ort_device)
                 self._bound = [None] * len(self.input_names)
             binding = self._binding
@@ -160,7 +159,7 @@ class GroupSession:
                     binding.bind_input(self.input_names[i], ELEMENT_TYPES[t.dtype], tuple(t.shape), ptr)
                     self._bound[i] = key
             results: list[torch.Tensor] = []
-            if self._static_outputs:
+            if self.static_outputs:
                 for name, spec in zip(self.output_names, self.outputs):
                     out = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
                     ptr = out.data_ptr() if out.numel() else self._placeholder_ptr
