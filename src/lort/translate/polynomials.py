@@ -426,12 +426,6 @@ def _overloads(name: str, build) -> dict:
     return functions
 
 
-def exact_float_scalars() -> set:
-    """The overloads whose Python float argument these translations take in the result
-    dtype, float64 included (the float64 scalar check need not keep them in PyTorch)."""
-    return {getattr(getattr(aten, name), overload) for name in _BUILDERS for overload in ("x_scalar", "n_scalar")}
-
-
 def register(registry) -> None:
     """Put the translations of the orthogonal polynomials into ``registry``."""
     from onnxscript import opset18
