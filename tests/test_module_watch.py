@@ -52,6 +52,13 @@ def _routes():
     def sequential_append(m):
         m.layers.append(nn.Sigmoid())
 
+    def sequential_pop_and_del(m):
+        m.layers.pop(1)
+        del m.layers[0]
+
+    def module_dict_del(m):
+        del m.heads["a"]
+
     def module_dict_pop(m):
         m.heads.pop("b")  # `del self._modules[key]`
 
@@ -82,7 +89,7 @@ def _routes():
     def train_flag(m):
         m.layers[1].train()
 
-    return [sequential_insert, sequential_append, module_dict_pop, module_dict_clear_and_update, registry_write,
+    return [sequential_insert, sequential_append, sequential_pop_and_del, module_dict_del, module_dict_pop, module_dict_clear_and_update, registry_write,
             registry_write_buffer, plain_attribute, submodule_attribute, deleted_then_set, submodule_replaced,
             train_flag]
 
@@ -97,6 +104,50 @@ def test_a_module_change_is_seen_on_the_next_call(stack, route):
     _check(om, model, x)
     _check(om, model, x)
     assert _direct(om)
+
+
+def test_module_list_insert_is_seen():
+    torch.manual_seed(0)
+    model = nn.ModuleList([nn.Linear(5, 5), nn.ReLU()])
+    run = lambda m, x: torch.stack([layer(x) for layer in m]).sum(0)  # noqa: E731
+
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = model
+
+        def forward(self, x):
+            return run(self.blocks, x)
+
+    holder, x = Holder().eval(), torch.randn(3, 5)
+    om = lort.ORTModule(holder, options=OPTS)
+    _check(om, holder, x)
+    model.insert(0, nn.Tanh())  # writes the registry directly
+    _check(om, holder, x)
+    assert len(om.transition_manager.captures) == 2
+
+
+def _writes_registry(fn) -> bool:
+    import inspect
+    import re
+
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    return re.search(r"self\._modules\[[^\]]*\]\s*=(?!=)|del self\._modules|self\._modules\.(clear|pop|popitem|update|"
+                     r"setdefault)\(", source) is not None
+
+
+def test_every_container_method_that_writes_the_registry_is_wrapped():
+    """module/watch.py wraps the containers' methods that write their submodule registry
+    directly (it polls none of them): read torch's own source, so that a torch version
+    adding such a method fails here, not silently."""
+    for cls in watch._CONTAINERS:
+        writers = {name for name, fn in vars(cls).items() if callable(fn) and _writes_registry(fn)}
+        assert writers, cls  # the scan finds insert (and ModuleDict's del and clear)
+        wrapped = set(watch._CONTAINER_METHODS) | {"__setattr__", "__delattr__"}  # the latter for every class
+        assert writers <= wrapped, (cls.__name__, writers - wrapped)
 
 
 def test_hooks_added_and_removed_are_seen(stack):

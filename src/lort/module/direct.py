@@ -36,6 +36,7 @@ from ..capture.export import ExportedGraph, ExportRefused, decomposition_table, 
 from ..compile import disk_cache
 from ..compile.graph_executor import ChooseOnFirstCall
 from ..fusion import support
+from ..runtime.frozen import picker
 from ..runtime.group import OrtGroup
 from . import io
 from .state import PLAIN, same_snapshot
@@ -106,7 +107,7 @@ class DirectRunner:
         self._order = sorted(exported.weights) + exported.user_inputs
         self._call = self._general(fn)
         # After the first call, where the graph is one ORT group holding every weight
-        # frozen: (current weights, tensors) -> outputs, or None to take the full path.
+        # frozen: tensors -> outputs, or None to take the full path (_route).
         self._steady: Callable | None = None
         self._settled = False
         # What the module state's token does not cover: the objects held as attributes
@@ -128,19 +129,19 @@ class DirectRunner:
     def run(self, tensors: list[torch.Tensor], epoch: int):
         """The module's output; ``epoch`` counts the changes the transition manager saw
         in the module tree (attributes set, replaced or deleted)."""
-        try:
-            current = list(map(operator.getitem, self._owners, self._keys))
-        except KeyError:
-            raise Stale("a weight was removed from its module") from None
         if epoch != self.epoch:
             self._replaced()
             self.epoch = epoch
         if self._held and not same_snapshot(self._held_values, [tuple(d.values()) for d in self._held_dicts]):
             raise Stale(self._held_change())
         if self._steady is not None:
-            outs = self._steady(current, tensors)
+            outs = self._steady(tensors)
             if outs is not None:
                 return io.unflatten(self._out_spec, outs)
+        try:
+            current = list(map(operator.getitem, self._owners, self._keys))
+        except KeyError:
+            raise Stale("a weight was removed from its module") from None
         if not all(map(operator.is_, current, self._weights)):
             self._weights_replaced(current)
         weights = self._weights
@@ -185,29 +186,44 @@ class DirectRunner:
         group, arg_places, out_index = single
         source = {pos: k for k, pos in enumerate(self._order)}  # placeholder -> index in (*weights, *tensors)
         picks = [source[p] for p in arg_places]
-        pick = operator.itemgetter(*picks) if len(picks) > 1 else (lambda a: (a[picks[0]],))
-        forward, route = group.forward, [group.steady_run()]
-        select = None if out_index == list(range(len(group.where))) else (
-            operator.itemgetter(*out_index) if len(out_index) > 1 else (lambda a: (a[out_index[0]],)))
+        pick, forward = picker(picks), group.forward
+        select = None if out_index == list(range(len(group.where))) else picker(out_index)
 
         def call(weights, tensors):
             outs = forward(*pick((*weights, *tensors)))
             if self._steady is not None:  # the group's route as it is now (weights frozen again)
-                route[0] = group.steady_run()
+                self._steady = self._route(group, picks, select)
             return outs if select is None else select(outs)
 
         self._call = call
-        # Every weight the group takes frozen in it (the graph reads no other: BatchNorm's
-        # num_batches_tracked in eval): the group's frozen-weight check (identity,
-        # version, data pointer) covers the runner's own identity and pointer checks, so
-        # a call takes the group's shortest route (runtime/group.py, steady_run) first.
-        if {picks[j] for j in group.frozen_inputs()} >= {k for k in picks if k < len(self._weights)}:
-            def steady(current, tensors):
-                r = route[0]
-                outs = None if r is None else r(pick((*current, *tensors)))
-                return outs if outs is None or select is None else select(outs)
+        self._steady = self._route(group, picks, select)
 
-            self._steady = steady
+    def _route(self, group, picks: list[int], select) -> Callable | None:
+        """``tensors -> outputs or None``: the group's shortest route
+        (runtime/group.py, steady_run), where the group takes every weight the graph reads
+        frozen (the graph reads no other: BatchNorm's num_batches_tracked in eval) and
+        only the call's tensors as inputs. Its frozen-weight check (identity, version,
+        data pointer) then covers the runner's own identity and pointer checks."""
+        route, n = group.steady_run(), len(self._weights)
+        if route is None:
+            return None
+        run, frozen, live = route
+        frozen, live = [picks[j] for j in frozen], [picks[j] for j in live]
+        if not (all(k < n for k in frozen) and all(k >= n for k in live) and set(frozen) >= {k for k in picks if k < n}):
+            return None
+        # The frozen weights, read through their registries (module/watch.py does not see
+        # a registry written directly); the graph reads no other.
+        owners, keys, tensors = [self._owners[k] for k in frozen], [self._keys[k] for k in frozen], picker([k - n for k in live])
+
+        def steady(args):
+            try:
+                weights = tuple(map(operator.getitem, owners, keys))
+            except KeyError:  # removed: the full path says so
+                return None
+            outs = run(weights, tensors(args))
+            return outs if outs is None or select is None else select(outs)
+
+        return steady
 
     def _weights_replaced(self, current: list[torch.Tensor]) -> None:
         """Weights replaced in their registries: the call runs on the new ones (the
@@ -242,27 +258,30 @@ class DirectRunner:
 
 #: What a lane returns where it does not serve the call.
 MISS = object()
-_META = operator.attrgetter("dtype", "device", "requires_grad")
+_META = operator.attrgetter("dtype", "device", "requires_grad", "shape")
+# Autocast on for any device type (torch's own check where it has one).
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
+    lambda: torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"))
 
 
 def lane(entry, runner: DirectRunner, tensors: list, grad: bool, state: int, tree) -> Callable:
     """ORTModule's steady state: ``lane(args)`` is the output of a call made as the one
     that built it, or MISS (the transition manager then takes its full path, which
     decides and says why). The same call: positional tensors only, of the same count,
-    dtypes, devices, requires_grad, shapes and strides (so the same ranks), the same
-    grad mode and module state token (``tree``: module/state.py's ModuleState), no
-    autocast, and the entry still runs ``runner``. The runner's own checks (weights,
-    held objects) follow; one that finds it stale gives MISS before running anything."""
-    n, meta, shapes = len(tensors), tuple(map(_META, tensors)), runner.shapes
-    token, run, autocast = tree.token, runner.run, torch.is_autocast_enabled
+    types, dtypes, devices, requires_grad, shapes and strides, the same grad mode and
+    module state token (``tree``: module/state.py's ModuleState), no autocast, and the
+    entry still runs ``runner``. The runner's own checks (weights, held objects) follow;
+    one that finds it stale gives MISS before running anything."""
+    types, meta, strides = tuple(map(type, tensors)), tuple(map(_META, tensors)), tuple(map(_STRIDE, tensors))
+    token, run, is_grad_enabled = tree.token, runner.run, torch.is_grad_enabled
 
     def call(args):
-        if (len(args) != n or not all(map(io.is_tensor, args)) or torch.is_grad_enabled() != grad
-                or entry.runner is not runner or entry.eager or token() != state or autocast("cpu") or autocast("cuda")
-                or tuple(map(_META, args)) != meta or shape_key(args) != shapes):
+        if (tuple(map(type, args)) != types or is_grad_enabled() != grad or entry.runner is not runner
+                or entry.eager or _any_autocast() or token() != state
+                or tuple(map(_META, args)) != meta or tuple(map(_STRIDE, args)) != strides):
             return MISS
         try:
-            out = run(list(args), tree.epoch)
+            out = run(args, tree.epoch)
         except Stale:
             return MISS
         entry.calls += 1

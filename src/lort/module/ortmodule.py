@@ -32,6 +32,7 @@ import torch
 import torch.nn.modules.module as _nn_module
 
 from ..options import Options
+from .direct import MISS
 from .transition import TransitionManager
 
 logger = logging.getLogger("lort.module")
@@ -199,7 +200,13 @@ class ORTModule(torch.nn.Module):
                 or _nn_module._global_forward_hooks or _nn_module._global_backward_pre_hooks
                 or _nn_module._global_backward_hooks or torch._C._get_tracing_state() or torch.compiler.is_compiling()):
             return super().__call__(*args, **kwargs)
-        return d["_lort_manager"](args, kwargs)
+        manager = d["_lort_manager"]
+        lane = manager.lane
+        if lane is not None and not kwargs:  # a call made as the last direct one
+            out = lane(args)
+            if out is not MISS:
+                return out
+        return manager.full(args, kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._lort_manager(args, kwargs)

@@ -24,9 +24,6 @@ PLAIN = frozenset((bool, int, float, str, type(None)))
 GLOBAL_HOOKS = [getattr(_nn_module, name) for name in (
     "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks", "_global_backward_pre_hooks")
     if isinstance(getattr(_nn_module, name, None), dict)]
-#: Modules whose own methods write their submodule registry directly (insert, clear,
-#: pop): their submodules are polled on every call.
-_CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 
 
 def module_state(modules: list[torch.nn.Module]) -> tuple:
@@ -71,20 +68,16 @@ def watched(dicts: list[dict]) -> tuple:
     )
 
 
-def polled(modules: list[torch.nn.Module]) -> tuple:
-    """What ``poll`` reads: the submodule registries of containers (whose own methods
-    write them directly) and the hook dicts that hold hooks (a hook removed through its
-    handle is no attribute set), with torch's global ones: what module/watch.py's
+def polled(modules: list[torch.nn.Module]) -> list[dict]:
+    """What ``poll`` reads: the hook dicts that hold hooks (a hook removed through its
+    handle is no attribute set) and torch's global ones: what module/watch.py's
     notification does not see, gathered after each snapshot."""
-    registries = [m.__dict__["_modules"] for m in modules if isinstance(m, _CONTAINERS)]
-    hooks = [h for h in (m.__dict__.get(k) for m in modules for k in _HOOKS) if h] + GLOBAL_HOOKS
-    return registries, hooks
+    return [h for h in (m.__dict__.get(k) for m in modules for k in _HOOKS) if h] + GLOBAL_HOOKS
 
 
-def poll(what: tuple) -> list:
-    """The values ``polled`` names, read by C-level maps."""
-    registries, hooks = what
-    return list(chain(chain.from_iterable(map(dict.values, registries)), map(len, registries), map(len, hooks)))
+def poll(hooks: list[dict]) -> list[int]:
+    """How many hooks each dict ``polled`` names holds."""
+    return list(map(len, hooks))
 
 
 def snapshot(watch: tuple) -> list | None:
@@ -193,7 +186,7 @@ class ModuleState:
     def token(self) -> int:
         # The common case: nothing set on a module since the last call (module/watch.py)
         # and nothing changed of what it does not see.
-        if self._seen == watch.epoch() and same_snapshot(self._poll, poll(self._polled)):
+        if self._seen == watch.epoch() and poll(self._polled) == self._poll:
             return self._token
         seen = watch.epoch() if self._notified else None
         if not same_snapshot(self._snap, snapshot(self._watched)):

@@ -166,7 +166,9 @@ class TransitionManager:
         self._last_entry: Entry | None = None  # the entry of _last_key
         # Module state: the modules walked, the last state seen and its token.
         self._tree = ModuleState(module)  # the module state and its change counter
-        self._lane: Callable | None = None  # direct.lane of the last direct call
+        #: ``lane(args)`` (direct.lane): the output of a call made as the last direct one,
+        #: or direct.MISS (then call ``full``); None where there is none.
+        self.lane: Callable | None = None
 
     # -- bookkeeping ---------------------------------------------------------------
     @property
@@ -178,7 +180,7 @@ class TransitionManager:
         """Forget every entry (e.g. the module was converted by ``to()``): the next call
         captures again, logging ``reason``."""
         self.entries.clear()
-        self._lane = None
+        self.lane = None
         self._last_key = None
         self._last_entry = None
         self._pending_reason = reason
@@ -188,10 +190,14 @@ class TransitionManager:
 
     # -- a call ----------------------------------------------------------------------
     def __call__(self, args: tuple, kwargs: dict) -> Any:
-        if self._lane is not None and not kwargs:  # direct inference's steady state
-            out = self._lane(args)
+        if self.lane is not None and not kwargs:  # direct inference's steady state
+            out = self.lane(args)
             if out is not direct.MISS:
                 return out
+        return self.full(args, kwargs)
+
+    def full(self, args: tuple, kwargs: dict) -> Any:
+        """A call by the full path (the schema key, the entry, its runner or Dynamo)."""
         tensors, spec = io.flatten_call(args, kwargs, self._arg_names)
         meta = tuple((t.dtype, t.dim(), t.device, t.requires_grad) for t in tensors)
         grad, state = torch.is_grad_enabled(), self._tree.token()
@@ -220,7 +226,7 @@ class TransitionManager:
                 runner = entry.runner
                 if spec is io.tensor_call_spec(len(tensors)) and runner is not None and runner.settled \
                         and not runner.runs_eager:
-                    self._lane = direct.lane(entry, runner, tensors, grad, state, self._tree)
+                    self.lane = direct.lane(entry, runner, tensors, grad, state, self._tree)
                 return out
         return self._run(entry, tensors, args, kwargs)
 
@@ -276,7 +282,7 @@ class TransitionManager:
         logger.info("lort.ORTModule(%s): re-capture of schema s%d: %s", self.name, entry.index, reason)
 
     def _new_entry(self, key: SchemaKey) -> Entry:
-        self._lane = None  # it may hold an entry this one evicts
+        self.lane = None  # it may hold an entry this one evicts
         reason = self._reason(key)
         self._pending_reason = None
         self._next_index += 1

@@ -11,15 +11,18 @@ The counter (``epoch()``) moves on:
   and for the life of the process;
 - a forward or backward hook registered on one through its class's ``register_*_hook``;
 - ``register_parameter``, ``register_buffer`` or ``add_module`` on one (torch's global
-  registration hooks).
+  registration hooks);
+- a submodule inserted, deleted or replaced through a container's own methods
+  (Sequential, ModuleList, ModuleDict: ``insert``, ``del``, ``clear``, ...), wrapped
+  like ``__setattr__``.
 
 Nothing moves it while Dynamo traces: Dynamo replays a forward's attribute sets on the
 real modules after its graph runs, through the same wrappers.
 
 What it does not see: writes to a module's ``__dict__`` or registries
-(``m._parameters[k] = p``, ``ModuleList.insert``, a hook removed through its handle),
-``object.__setattr__``. module/state.py polls what of these matters (containers'
-submodules, hook dicts that hold hooks) and module/direct.py reads each weight through
+(``m._parameters[k] = p``, ``m._modules[k] = sub``, a hook removed through its handle),
+``object.__setattr__``. module/state.py polls what of these matters (the hook dicts that
+hold hooks, torch's global hook dicts) and module/direct.py reads each weight through
 its registry on every call. Instances of a wrapped class outside any watched tree pay a
 membership test per attribute set and are otherwise untouched: ``type(m)``, pickling and ``copy`` do not change. The counter is
 a plain increment after each change, not atomic: modules mutated by several threads at
@@ -47,6 +50,13 @@ _HOOK_METHODS = (
     "register_full_backward_pre_hook",
     "register_backward_hook",
 )
+#: Modules whose own methods write their submodule registry directly (``insert``,
+#: ModuleDict's ``del`` and ``clear``), and every method of theirs that changes it:
+#: wrapped like ``__setattr__`` (tests/test_module_watch.py reads torch's source to
+#: check that no other method writes the registry).
+_CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
+_CONTAINER_METHODS = ("insert", "append", "extend", "pop", "popitem", "clear", "update", "__setitem__",
+                      "__delitem__", "__iadd__", "__imul__")
 
 
 def epoch() -> int:
@@ -128,7 +138,8 @@ def _patch(cls: type) -> None:
         "__setattr__": _wrap_setattr(cls.__setattr__),
         "__delattr__": _wrap_delattr(cls.__delattr__),
     }
-    for name in _HOOK_METHODS:
+    methods = _HOOK_METHODS + (_CONTAINER_METHODS if issubclass(cls, _CONTAINERS) else ())
+    for name in methods:
         original = getattr(cls, name, None)
         if original is not None:
             wrapped[name] = _wrap_method(original)

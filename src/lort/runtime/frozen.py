@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import operator
 import threading
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -59,7 +60,7 @@ class WeightGuard:
     def __init__(self, weights: tuple[FrozenWeight, ...], sample: bool):
         self.indices = [w.index for w in weights]
         # The frozen inputs out of a call's arguments, as a tuple (in C).
-        self._pick = operator.itemgetter(*self.indices) if len(self.indices) > 1 else (lambda a: (a[self.indices[0]],))
+        self._pick = picker(self.indices)
         self.names = [w.name for w in weights]
         self.sample = sample
         #: Calls since ``reset`` (a weight that changes on the call right after being
@@ -90,9 +91,12 @@ class WeightGuard:
                 self._values.append(probe[2])
 
     def same(self, args) -> bool:
-        """Whether no frozen weight changed (``args``: the group's inputs). The common
-        case, decided by C-level maps (about 0.1 us a weight)."""
-        picked = self._pick(args)
+        """Whether no frozen weight changed (``args``: the group's inputs)."""
+        return self.same_picked(self._pick(args))
+
+    def same_picked(self, picked) -> bool:
+        """Whether no frozen weight changed (``picked``: the frozen inputs, in order). The
+        common case, decided by C-level maps (about 0.1 us a weight)."""
         return (
             all(map(operator.is_, picked, self.tensors))
             and list(map(_VERSION, picked)) == self.versions
@@ -113,6 +117,14 @@ class WeightGuard:
             if view[index] != value:
                 return self.names[k]
         return None
+
+
+def picker(indices: list[int]) -> Callable[[Sequence], tuple]:
+    """``operator.itemgetter(*indices)`` (in C), always giving a tuple."""
+    if len(indices) == 1:
+        i = indices[0]
+        return lambda a: (a[i],)
+    return operator.itemgetter(*indices) if indices else (lambda a: ())
 
 
 _VERSION = operator.attrgetter("_version")

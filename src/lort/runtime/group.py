@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import operator
 import warnings
 from typing import Callable
 
@@ -16,7 +15,7 @@ from ..options import Options
 from ..reasons import Placement, Reason, ReasonKind
 from . import cuda
 from .compiled import CompiledGroup, spec_key
-from .frozen import WeightGuard, in_timing_run
+from .frozen import WeightGuard, in_timing_run, picker
 from .session import GroupSession
 
 logger = logging.getLogger("lort")
@@ -162,36 +161,34 @@ class OrtGroup(torch.nn.Module):
         return sess
 
     # -- run ---------------------------------------------------------------------
-    def steady_run(self) -> Callable[[tuple], tuple | None] | None:
+    def steady_run(self) -> tuple[Callable[[tuple, tuple], tuple | None], list[int], list[int]] | None:
         """For a caller that runs this group alone, call after call (ORTModule's direct
-        inference): a function of the group's arguments that gives ``forward``'s outputs
-        by the shortest route, the frozen-weight check and the session's run, or None
-        where that route does not apply to a call (a weight changed, the session was
-        replaced, ORT failed): the caller then calls ``forward``, which handles it.
-        None where the group has no such route (not run in ORT alone, layouts to
-        restore, CUDA, weights not frozen)."""
+        inference): ``(run, frozen, live)``, where ``run(f, l)`` gives ``forward``'s
+        outputs by the shortest route, the frozen-weight check and the session's run, for
+        the group's inputs at positions ``frozen`` (``f``, the weights its sessions hold)
+        and ``live`` (``l``, the ones ORT takes), or None where that route does not apply
+        to a call (a weight changed, the session was replaced, ORT failed): the caller
+        then calls ``forward``, which handles it. None where the group has no such route
+        (not run in ORT alone, layouts to restore, CUDA, weights not frozen)."""
         guard, sess = self._guard, self._frozen_sessions.get(False)
         if (self.options.mode != "ort" or self.executor != Placement.ORT or self._cuda or guard is None
                 or sess is None or not sess.static_outputs
                 or self._any_in_perm or self._any_out_perm or self._any_restride):
             return None
-        live = self._live
-        pick = (operator.itemgetter(*live) if len(live) > 1
-                else (lambda a: (a[live[0]],)) if live else (lambda a: ()))
-        where = None if self._identity_where else list(self.compiled.where)
-        same, frozen, run = guard.same, self._frozen_sessions, sess.run
+        where = None if self._identity_where else picker(list(self.compiled.where))
+        same, frozen, run = guard.same_picked, self._frozen_sessions, sess.run
 
-        def steady(args):
-            if self._guard is not guard or frozen.get(False) is not sess or not same(args):
+        def steady(f, live):
+            if self._guard is not guard or frozen.get(False) is not sess or not same(f):
                 return None
             try:
-                outs = run(pick(args))
+                outs = run(live)
             except Exception:  # noqa: BLE001 - forward runs it again and handles the failure
                 return None
             guard.calls_since_reset += 1
-            return tuple(outs) if where is None else tuple(outs[i] for i in where)
+            return outs if where is None else where(outs)
 
-        return steady
+        return steady, list(guard.indices), list(self._live)
 
     def _run_ort(self, args) -> list[torch.Tensor]:
         if self._any_in_perm:
@@ -309,3 +306,4 @@ def compare_outputs(name: str, outs, refs, rtol: float, atol: float) -> None:
         if not torch.equal(o, r):
             diff = (o.long() - r.long()).abs()
             raise MismatchError(name, i, float(diff.max().item()), float("inf"), rtol, atol)
+

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import functools
+import math
 import logging
 import os
 import tempfile
@@ -83,6 +85,10 @@ def session_options(options: Options, threads: int | None = None, quiet: bool = 
     return so
 
 
+#: Outputs up to this many bytes get a template of their own (runtime/session.py, _prepare).
+_SMALL_OUTPUT = 1 << 16
+
+
 @dataclass
 class OutputSpec:
     dtype: torch.dtype
@@ -141,29 +147,16 @@ class GroupSession:
                 self._bound = [None] * len(self.input_names)
             binding = self._binding
             if self._placeholder is None:
-                self._placeholder = torch.empty(8, dtype=torch.float64, device=self.device)
-                self._placeholder_ptr = self._placeholder.data_ptr()
-            keep = []  # temporaries whose memory ORT reads must outlive the run
-            for i, a in enumerate(args):
-                if isinstance(a, torch.Tensor):
-                    t = a if a.is_contiguous() else a.contiguous()
-                else:
-                    t = torch.tensor(a, dtype=torch.int64 if isinstance(a, int) else torch.float32, device=self.device)
-                if t is not a:
-                    keep.append(t)
-                # ORT refuses a null pointer, which empty tensors have: point it at a
-                # valid buffer it will not read.
-                key = (t.data_ptr() if t.numel() else self._placeholder_ptr, t.shape, t.dtype)
-                if key != self._bound[i]:
-                    ptr = key[0]
-                    binding.bind_input(self.input_names[i], ELEMENT_TYPES[t.dtype], tuple(t.shape), ptr)
-                    self._bound[i] = key
-            results: list[torch.Tensor] = []
+                self._prepare()
+            keep = self._bind_inputs(args, binding)  # temporaries whose memory ORT reads
             if self.static_outputs:
-                for name, spec in zip(self.output_names, self.outputs):
-                    out = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
-                    ptr = out.data_ptr() if out.numel() else self._placeholder_ptr
-                    binding.bind_output(name, ELEMENT_TYPES[spec.dtype], spec.shape, ptr)
+                # Each output in new memory (the caller keeps it), laid out as its
+                # template: empty_like parses no shape or dtype.
+                bind, device, empty_like = binding.bind_output_raw, binding.device, torch.empty_like
+                results = []
+                for name, etype, shape, template, empty in self._out_binds:
+                    out = empty_like(template)
+                    bind(name, device, etype, shape, self._placeholder_ptr if empty else out.data_ptr())
                     results.append(out)
                 self._run(binding)
             else:
@@ -177,6 +170,42 @@ class GroupSession:
             stats.ort_runs += 1
             del keep
             return results
+
+    def _prepare(self) -> None:
+        """On the first run (sessions are built while tracing, under FakeTensorMode):
+        the buffer empty tensors are bound to, and one template per static output."""
+        self._placeholder = torch.empty(8, dtype=torch.float64, device=self.device)
+        self._placeholder_ptr = self._placeholder.data_ptr()
+        if self.static_outputs:
+            self._out_binds = []
+            for name, spec in zip(self.output_names, self.outputs):
+                # A small output's template is a tensor of its own (empty_like copies its
+                # layout, the fastest); a large one's is one element expanded (its
+                # memory is not worth keeping; empty_like makes it contiguous).
+                size = math.prod(spec.shape) * spec.dtype.itemsize
+                template = (torch.empty(spec.shape, dtype=spec.dtype, device=self.device) if size <= _SMALL_OUTPUT
+                            else torch.empty((1,) * len(spec.shape), dtype=spec.dtype, device=self.device).expand(spec.shape))
+                # ORT refuses a null pointer, which empty tensors have.
+                self._out_binds.append((name, ELEMENT_TYPES[spec.dtype], spec.shape, template, template.numel() == 0))
+
+    def _bind_inputs(self, args, binding: "_FastBinding") -> list | None:
+        """Bind the inputs whose memory, shape or dtype changed since the last run; the
+        temporaries made for non-contiguous tensors and scalars, which must outlive it."""
+        keep = None
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.is_contiguous():
+                t = a
+            else:
+                t = a.contiguous() if isinstance(a, torch.Tensor) else torch.tensor(
+                    a, dtype=torch.int64 if isinstance(a, int) else torch.float32, device=self.device)
+                keep = [t] if keep is None else keep + [t]
+            # ORT refuses a null pointer, which empty tensors have: point it at a
+            # valid buffer it will not read.
+            key = (t.data_ptr() if t.numel() else self._placeholder_ptr, t.shape, t.dtype)
+            if key != self._bound[i]:
+                binding.bind_input(self.input_names[i], ELEMENT_TYPES[t.dtype], tuple(t.shape), key[0])
+                self._bound[i] = key
+        return keep
 
     def _run(self, binding: "_FastBinding") -> None:
         if self._order is None:
@@ -260,7 +289,13 @@ class _FastBinding:
             c_device = None
         self._fast = c_binding is not None and c_session is not None and c_device is not None
         if self._fast:
-            self._c_binding, self._c_session, self._c_device = c_binding, c_session, c_device
+            self._c_binding, self._c_device = c_binding, c_device
+        #: ``bind_output_raw(name, device, element_type, shape, ptr)``, called with
+        #: ``device`` for each output of each run: the C++ method where it exists.
+        self.bind_output_raw = c_binding.bind_output if self._fast else self._public_bind_output
+        self.device = c_device if self._fast else device
+        if self._fast:  # ``run(run_options)`` without a Python frame
+            self.run = functools.partial(c_session.run_with_iobinding, c_binding)
 
     def bind_input(self, name, element_type, shape, ptr) -> None:
         if self._fast:
@@ -268,20 +303,14 @@ class _FastBinding:
         else:  # pragma: no cover
             self._public.bind_input(name, self._device[0], self._device[1], element_type, shape, ptr)
 
-    def bind_output(self, name, element_type, shape, ptr) -> None:
-        if self._fast:
-            self._c_binding.bind_output(name, self._c_device, element_type, shape, ptr)
-        else:  # pragma: no cover
-            self._public.bind_output(name, self._device[0], self._device[1], element_type, shape, ptr)
+    def _public_bind_output(self, name, device, element_type, shape, ptr) -> None:  # pragma: no cover
+        self._public.bind_output(name, device[0], device[1], element_type, shape, ptr)
 
     def bind_output_device(self, name) -> None:
         self._public.bind_output(name, self._device[0], self._device[1])
 
-    def run(self, run_options) -> None:
-        if self._fast:
-            self._c_session.run_with_iobinding(self._c_binding, run_options)
-        else:  # pragma: no cover
-            self._session.run_with_iobinding(self._public, run_options)
+    def run(self, run_options) -> None:  # pragma: no cover - replaced per instance where fast
+        self._session.run_with_iobinding(self._public, run_options)
 
     def get_outputs(self):
         return self._public.get_outputs()
