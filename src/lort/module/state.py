@@ -14,6 +14,7 @@ import torch
 from torch.nn.modules import module as _nn_module
 
 from . import watch
+from .watch import EPOCH
 
 _MISSING = object()
 #: The attribute types a module state compares by value.
@@ -186,7 +187,7 @@ class ModuleState:
     def token(self) -> int:
         # The common case: nothing set on a module since the last call (module/watch.py)
         # and nothing changed of what it does not see.
-        if self._seen == watch.epoch() and poll(self._polled) == self._poll:
+        if self._seen == EPOCH[0] and list(map(len, self._polled)) == self._poll:  # poll(), inlined
             return self._token
         seen = watch.epoch() if self._notified else None
         if not same_snapshot(self._snap, snapshot(self._watched)):

@@ -35,8 +35,9 @@ import weakref
 
 import torch
 
-# One global counter, bumped after a change; a reader compares it with the value it saw.
-_EPOCH = [0]
+#: One global counter (a one-element list), bumped after a change; a reader compares it
+#: with the value it saw (``epoch()``, or ``EPOCH[0]`` where a call costs too much).
+EPOCH = [0]
 #: The modules of watched trees: only their changes move the counter (a module made and
 #: dropped inside a forward, as Llama's ``self.layers[:n]`` makes a ModuleList, does not).
 _members: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
@@ -60,7 +61,7 @@ _CONTAINER_METHODS = ("insert", "append", "extend", "pop", "popitem", "clear", "
 
 
 def epoch() -> int:
-    return _EPOCH[0]
+    return EPOCH[0]
 
 
 def watch(modules: list[torch.nn.Module]) -> bool:
@@ -89,7 +90,7 @@ def _changed(module) -> None:
     # become a guarded constant of the graph, and Dynamo replays a forward's attribute
     # sets on the real modules after the graph, through these same wrappers.
     if not torch.compiler.is_compiling() and module in _members:
-        _EPOCH[0] += 1
+        EPOCH[0] += 1
 
 
 def _registered(module, _name, _value) -> None:

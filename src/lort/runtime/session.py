@@ -158,7 +158,10 @@ class GroupSession:
                     out = empty_like(template)
                     bind(name, device, etype, shape, self._placeholder_ptr if empty else out.data_ptr())
                     results.append(out)
-                self._run(binding)
+                if self._order is None:
+                    binding.run(self._run_options)
+                else:
+                    self._run(binding)
             else:
                 for name in self.output_names:
                     binding.bind_output_device(name)
