@@ -225,6 +225,28 @@ def test_non_contiguous_and_permuted_outputs():
         assert o.shape == r.shape
 
 
+def test_outputs_are_new_memory_on_every_run_of_any_size():
+    """runtime/session.py binds each output to memory made per run from a template (a
+    tensor of its own up to 64 KiB, one element expanded above it): outputs of two runs
+    never share memory, are contiguous and keep their values; empty ones work."""
+
+    def g(x, y, z):
+        return x * 2, y + 1, z * 3
+
+    f = torch.compile(g, backend="lort", options={"executor": "ort", "disk_cache": False, "progress": False})
+    args = (torch.randn(4, 6), torch.randn(300, 300), torch.randn(0, 5))
+    runs = session_mod.stats.ort_runs
+    with torch.no_grad():
+        first = f(*args)
+        second = f(*[a + 1 for a in args])
+    assert session_mod.stats.ort_runs >= runs + 2
+    for out, ref in zip((*first, *second), (*g(*args), *g(*[a + 1 for a in args]))):
+        torch.testing.assert_close(out, ref)
+        assert out.is_contiguous() and out.shape == ref.shape
+    for a, b in zip(first[:2], second[:2]):
+        assert a.data_ptr() != b.data_ptr()
+
+
 def test_outputs_aliasing_inputs_with_grad():
     def g(x):
         return x.t(), (x * 3).view(-1)

@@ -306,4 +306,3 @@ def compare_outputs(name: str, outs, refs, rtol: float, atol: float) -> None:
         if not torch.equal(o, r):
             diff = (o.long() - r.long()).abs()
             raise MismatchError(name, i, float(diff.max().item()), float("inf"), rtol, atol)
-

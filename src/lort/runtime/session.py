@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import collections
 import functools
-import math
 import logging
+import math
 import os
 import tempfile
 import threading
