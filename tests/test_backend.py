@@ -643,9 +643,16 @@ def test_thread_counts_are_timed_round_robin(monkeypatch):
         return lambda: order.append(threads)
 
     monkeypatch.setattr(tuner_module, "_session_run", fake_run)
-    times = Tuner().time_sessions(b"", torch.device("cpu"), lort.Options(), (2, 1), [], warmup=1, samples=3)
+    times = Tuner(thread_budget_s=0.0).time_sessions(b"", torch.device("cpu"), lort.Options(), (2, 1), [],
+                                                     warmup=1, samples=3)
     assert set(times) == {2, 1} and all(t is not None and t < 1 for t in times.values())
     assert order == [2] + [2, 1] * 4  # the first count's probe, then alternating
+    # Past the minimum, samples go on until the runs have taken thread_budget_s (here
+    # never: the fake runs take microseconds), up to thread_max_samples rounds.
+    order.clear()
+    Tuner(thread_budget_s=10.0, thread_max_samples=20).time_sessions(
+        b"", torch.device("cpu"), lort.Options(), (2, 1), [], warmup=1, samples=3)
+    assert order == [2] + [2, 1] * 21
     order.clear()
     times = Tuner(parallel_work_s=-1.0).time_sessions(b"", torch.device("cpu"), lort.Options(), (2, 1), [])
     assert order == [2] and set(times) == {2}

@@ -55,6 +55,15 @@ CASES = [
     ("where", "float64"),
     ("cumsum", "float64"),
     ("nn.functional.cross_entropy", "float32"),
+    # Fell back in the sweep at 58ff7bd (a session build failed): now kept out by the
+    # support check (ORT kernel dtypes at the emitted opset, known-wrong translations).
+    ("grid_sampler_2d", "float64"),
+    ("linalg.det", "float32"),
+    ("nn.functional.max_pool2d", "int64"),
+    ("nn.functional.unfold", "float32"),
+    ("stft", "float32"),
+    ("tril_indices", "int64"),
+    ("unfold_copy", "float64"),
 ]
 
 
@@ -65,6 +74,7 @@ ALL_IN_PYTORCH = {
     ("nn.functional.embedding_bag", "float32"), ("nn.functional.embedding_bag", "float64"),
     ("nn.functional.pad.replicate_negative", "float32"), ("nn.functional.pad.replicate_negative", "int64"),
     ("erf", "float64"), ("nn.functional.conv2d", "float64"),
+    ("grid_sampler_2d", "float64"), ("nn.functional.max_pool2d", "int64"),
 }
 
 

@@ -79,3 +79,38 @@ def test_a_translation_failure_is_warned_again_when_read_from_the_disk_cache(tmp
         (record,) = backend.records
         reasons = {op: r for op, r in record.fallbacks}
         assert reasons["aten.cos.default"].kind is ReasonKind.TRANSLATION_FAILED, attempt
+
+
+def test_dtypes_ort_has_no_kernel_for_stay_in_pytorch_by_kind_without_a_failed_build(tmp_path):
+    """MaxPool has no int64 kernel and GridSample at the opset lort emits no float64 one:
+    the support check keeps those nodes in PyTorch (NO_KERNEL), so no session build fails
+    and nothing warns; float32 still runs in ORT. The constraint read is the first
+    input's at the emitted opset: MaxPool's int64 indices and GridSample's opset-20
+    float64 kernel do not count."""
+    from lort.fusion import support
+
+    cpu = "CPUExecutionProvider"
+    assert "tensor(int64)" not in support._ort_kernel_types("MaxPool", cpu)
+    assert "tensor(double)" not in support._ort_kernel_types("GridSample", cpu)
+    assert "tensor(double)" in support._ort_kernel_types("GridSample", cpu, 20)
+
+    def pool(x):
+        return torch.nn.functional.max_pool2d(x * 2, 2)
+
+    def sample(x, grid):
+        return torch.nn.functional.grid_sample(x * 2, grid, align_corners=False)
+
+    ints = torch.randint(-50, 50, (1, 2, 6, 6))
+    grid = torch.rand(1, 3, 3, 2, dtype=torch.float64) * 2 - 1
+    image = torch.randn(1, 2, 5, 5, dtype=torch.float64)
+    for fn, args, kept in ((pool, (ints,), True), (sample, (image, grid), True),
+                           (pool, (ints.float(),), False), (sample, (image.float(), grid.float()), False)):
+        torch._dynamo.reset()
+        backend = LortBackend({"executor": "ort", "disk_cache": False, "progress": False})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out = torch.compile(fn, backend=backend)(*args)
+        torch.testing.assert_close(out, fn(*args))
+        kinds = lort.ExplainReport(backend.records).fallback_kinds
+        assert (kinds[ReasonKind.NO_KERNEL] >= 1) is kept, (fn.__name__, args[0].dtype, kinds)
+        assert kinds[ReasonKind.TRANSLATION_FAILED] == 0

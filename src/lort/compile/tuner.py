@@ -56,6 +56,12 @@ class Tuner:
     thread_margin: float = 0.9
     #: A group whose run takes longer than this with all threads is not timed with one.
     parallel_work_s: float = 0.02
+    #: Thread-count timing goes on, past its minimum of samples, until the runs have taken
+    #: this long (or ``thread_max_samples`` rounds): a window of a few milliseconds can
+    #: fall wholly inside a spell of other load (another process's compile), which slows
+    #: the run with every thread far more than the one on one thread.
+    thread_budget_s: float = 0.1
+    thread_max_samples: int = 200
     #: Whole-graph timing budget per candidate, in seconds, and samples per candidate.
     graph_budget_s: float = 0.3
     graph_min_samples: int = 3
@@ -103,7 +109,8 @@ class Tuner:
         """Seconds of a run of a throwaway session per thread count in ``counts``, on
         NumPy ``feeds``: the fastest of samples taken round-robin (drift in the machine's
         speed hits every count alike; timing one count after the other let a slow spell
-        pin a group to the wrong count). A first count whose run takes longer than
+        pin a group to the wrong count), ``samples`` of them and more until the runs have
+        taken ``thread_budget_s``. A first count whose run takes longer than
         ``parallel_work_s`` is the only one timed (enough work to use every thread).
         None for a count that cannot be measured (not CPU, or a run raises). Raises
         SessionCreationError."""
@@ -116,15 +123,22 @@ class Tuner:
         for n in counts[1:]:
             runs[n] = _session_run(model_bytes, device, options, n, feeds)
         best: dict[int, float | None] = {n: float("inf") for n in runs}
-        for i in range(warmup + samples):
+        spent = 0.0
+        for i in range(warmup + max(samples, self.thread_max_samples)):
+            if i >= warmup + samples and spent >= self.thread_budget_s:
+                break
             for n, run in runs.items():
                 if best[n] is None:
                     continue
                 elapsed = _seconds(run)
                 if elapsed is None:
                     best[n] = None
-                elif i >= warmup:
+                    continue
+                spent += elapsed
+                if i >= warmup:
                     best[n] = min(best[n], elapsed)
+            if all(b is None for b in best.values()):
+                break
         return best
 
     def time_group_session(self, sess: GroupSession, feeds: list, device: torch.device) -> float | None:

@@ -10,6 +10,7 @@ PyTorch as it is. Asked only by lort.fusion.support.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from typing import Any, Callable
 
@@ -59,6 +60,30 @@ def _uses_outputs(node: torch.fx.Node, indices: tuple[int, ...]) -> bool:
 def _negative_pad(node: torch.fx.Node) -> bool:
     pads = _node_arg(node, 1, "padding")
     return isinstance(pads, (list, tuple)) and any(not isinstance(p, int) or p < 0 for p in pads)
+
+
+def _arg_numel(node: torch.fx.Node, index: int) -> int | None:
+    shape = _arg_shape(node, index)
+    return None if shape is None else math.prod(shape)
+
+
+def _empty_1d_cat(node: torch.fx.Node) -> bool:
+    """cat inputs that torch_lib's cat mishandles: some of shape (0,), and either all of
+    them or beside inputs of another rank."""
+    tensors = _node_arg(node, 0, "tensors", ())
+    shapes = [tuple(t.meta["val"].shape) for t in tensors
+              if isinstance(t, torch.fx.Node) and isinstance(t.meta.get("val"), torch.Tensor)]
+    empty = [s == (0,) for s in shapes]
+    return any(empty) and (all(empty) or any(len(s) != 1 for s in shapes))
+
+
+def _int32_index(node: torch.fx.Node) -> bool:
+    indices = _node_arg(node, 1, "indices", ())
+    return any(
+        isinstance(i, torch.fx.Node) and isinstance(i.meta.get("val"), torch.Tensor)
+        and i.meta["val"].dtype == torch.int32
+        for i in indices or ()
+    )
 
 
 def _when(predicate: Callable[[torch.fx.Node], bool], reason: str) -> Callable:
@@ -237,6 +262,29 @@ def table() -> dict:
         aten.replication_pad1d.default: _when(_negative_pad, negative_pad),
         aten.replication_pad2d.default: _when(_negative_pad, negative_pad),
         aten.replication_pad3d.default: _when(_negative_pad, negative_pad),
+        aten._linalg_det.default: (
+            "torch_lib translates _linalg_det as Det alone, where the op returns (det, LU, "
+            "pivots): the group's model fails to type-check in ORT; runs in PyTorch"
+        ),
+        aten.cat.default: _when(
+            _empty_1d_cat,
+            "torch_lib's cat drops inputs of shape (0,) (PyTorch's legacy rule) only when some "
+            "input remains and then concatenates the unfiltered list: all-empty inputs fail its "
+            "assertion, and a (0,) input beside inputs of another rank fails in ORT",
+        ),
+        aten.im2col.default: _when(
+            lambda n: _arg_numel(n, 0) == 0,
+            "torch_lib's im2col reshapes with -1, which ORT rejects for an input with no "
+            "elements ('Invalid Target shape product of 0')",
+        ),
+        aten._unsafe_index_put.default: _when(
+            _int32_index,
+            "torch_lib's index_put passes int32 indices to ScatterND, which takes int64 only",
+        ),
+        aten.index_put.default: _when(
+            _int32_index,
+            "torch_lib's index_put passes int32 indices to ScatterND, which takes int64 only",
+        ),
         aten.gelu.default: _when(
             lambda n: _arg_dtype(n, 0) == torch.float64 and _node_arg(n, 1, "approximate") == "tanh",
             "float64 gelu(approximate='tanh') through torch_lib and ORT is off by ~1e-7 relative "

@@ -82,8 +82,9 @@ def _check_arg(arg: Any, where: str) -> Reason | None:
 
 #: ATen ops whose torch_lib translation rests on one ONNX operator that ORT has kernels for
 #: in some dtypes only (its CPU Acos, Erf, Conv, AveragePool are float32 only; Gemm has no
-#: int64; Ceil and Floor no integers): for other dtypes the node stays in PyTorch, instead
-#: of failing to build its session. The dtypes are read from ORT's kernel registry.
+#: int64; Ceil and Floor no integers; MaxPool no int64; GridSample at opset 18 float32
+#: only): for other dtypes the node stays in PyTorch, instead of failing to build its
+#: session. The dtypes are read from ORT's kernel registry.
 _ORT_OP_OF = {
     "aten::erf": "Erf", "aten::acos": "Acos", "aten::acosh": "Acosh", "aten::asin": "Asin",
     "aten::asinh": "Asinh", "aten::atan": "Atan", "aten::atanh": "Atanh", "aten::cosh": "Cosh",
@@ -95,11 +96,20 @@ _ORT_OP_OF = {
     "aten::upsample_nearest1d": "Resize", "aten::upsample_nearest3d": "Resize",
     "aten::ceil": "Ceil", "aten::floor": "Floor", "aten::native_group_norm": "InstanceNormalization",
     "aten::gelu": "Erf", "aten::round": "Round", "aten::isnan": "IsNaN",
+    "aten::max_pool2d_with_indices": "MaxPool", "aten::max_pool3d_with_indices": "MaxPool",
+    "aten::grid_sampler_2d": "GridSample",
 }
+
+#: The type constraint of an ONNX operator's first input, by the names ONNX gives it.
+_FIRST_INPUT_CONSTRAINTS = ("T", "T1")
+
+
 @functools.lru_cache(maxsize=None)
-def _ort_kernel_types(op_type: str, provider: str) -> frozenset | None:
-    """The tensor types ORT's ``provider`` has a kernel of ONNX ``op_type`` for (any
-    version), or None when ORT's kernel registry cannot be read."""
+def _ort_kernel_types(op_type: str, provider: str, opset: int = _compat.OPSET) -> frozenset | None:
+    """The tensor types of the first input that ORT's ``provider`` has a kernel of ONNX
+    ``op_type`` for, at the version ``opset`` selects (the constraint named ``T`` or
+    ``T1``; all of them for an operator with neither), or None when ORT's kernel registry
+    cannot be read. MaxPool's int64 ``I`` (its indices) is not an input type."""
     try:
         from onnxruntime.capi import _pybind_state
 
@@ -108,9 +118,16 @@ def _ort_kernel_types(op_type: str, provider: str) -> frozenset | None:
         return None
     types: set = set()
     for k in kernels:
-        if k.op_name == op_type and k.domain in ("", "ai.onnx") and k.provider == provider:
-            for constraint in k.type_constraints.values():
-                types.update(constraint)
+        low, high = k.version_range
+        if k.op_name != op_type or k.domain not in ("", "ai.onnx") or k.provider != provider:
+            continue
+        if not low <= opset <= high:
+            continue
+        constraints = dict(k.type_constraints)
+        first = next((n for n in _FIRST_INPUT_CONSTRAINTS if n in constraints), None)
+        for name, allowed in constraints.items():
+            if first is None or name == first:
+                types.update(allowed)
     return frozenset(types)
 
 
