@@ -114,3 +114,32 @@ def test_dtypes_ort_has_no_kernel_for_stay_in_pytorch_by_kind_without_a_failed_b
         kinds = lort.ExplainReport(backend.records).fallback_kinds
         assert (kinds[ReasonKind.NO_KERNEL] >= 1) is kept, (fn.__name__, args[0].dtype, kinds)
         assert kinds[ReasonKind.TRANSLATION_FAILED] == 0
+
+
+def test_cat_with_empty_1d_inputs_runs_where_torch_lib_is_right():
+    """torch_lib's cat drops (0,)-shaped inputs: right where one input is left (a cache's
+    first update, cat([tensor([]), k])), which stays in ORT; all inputs empty, or two
+    left beside a (0,) of another rank, stay in PyTorch (KNOWN_WRONG) with eager's
+    values and no failed session build."""
+
+    def one_left(k):
+        return torch.cat([torch.zeros(0), k * 2], dim=-2)
+
+    def two_left(a, b):
+        return torch.cat([a * 2, torch.zeros(0), b * 3])
+
+    def all_empty(n):
+        return torch.cat([torch.arange(n)[:0], torch.arange(n)[:0]]) + 1
+
+    k, a, b = torch.randn(1, 2, 3, 4), torch.randn(2, 3), torch.randn(1, 3)
+    for fn, args, kept in ((one_left, (k,), False), (two_left, (a, b), True), (all_empty, (4,), True)):
+        torch._dynamo.reset()
+        backend = LortBackend({"executor": "ort", "disk_cache": False, "progress": False})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out = torch.compile(fn, backend=backend)(*args)
+        torch.testing.assert_close(out, fn(*args))
+        report = lort.ExplainReport(backend.records)
+        cats = [r for op, r in report.fallbacks if "cat" in op]
+        assert bool(cats) is kept, (fn.__name__, report.fallbacks)
+        assert all(r.kind is ReasonKind.KNOWN_WRONG for r in cats)

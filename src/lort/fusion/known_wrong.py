@@ -68,13 +68,17 @@ def _arg_numel(node: torch.fx.Node, index: int) -> int | None:
 
 
 def _empty_1d_cat(node: torch.fx.Node) -> bool:
-    """cat inputs that torch_lib's cat mishandles: some of shape (0,), and either all of
-    them or beside inputs of another rank."""
+    """cat inputs that torch_lib's cat mishandles. It drops inputs of shape (0,) and, where
+    one input is left, returns it (right: a DynamicCache's first update); where none is
+    left it fails an assertion, and where two or more are left it concatenates the
+    unfiltered list, which ORT refuses when their rank is not 1."""
     tensors = _node_arg(node, 0, "tensors", ())
     shapes = [tuple(t.meta["val"].shape) for t in tensors
               if isinstance(t, torch.fx.Node) and isinstance(t.meta.get("val"), torch.Tensor)]
-    empty = [s == (0,) for s in shapes]
-    return any(empty) and (all(empty) or any(len(s) != 1 for s in shapes))
+    rest = [s for s in shapes if s != (0,)]
+    if len(rest) == len(shapes):
+        return False
+    return not rest or (len(rest) >= 2 and any(len(s) != 1 for s in rest))
 
 
 def _int32_index(node: torch.fx.Node) -> bool:
@@ -268,9 +272,9 @@ def table() -> dict:
         ),
         aten.cat.default: _when(
             _empty_1d_cat,
-            "torch_lib's cat drops inputs of shape (0,) (PyTorch's legacy rule) only when some "
-            "input remains and then concatenates the unfiltered list: all-empty inputs fail its "
-            "assertion, and a (0,) input beside inputs of another rank fails in ORT",
+            "torch_lib's cat drops inputs of shape (0,) (PyTorch's legacy rule), then fails an "
+            "assertion when none is left, and concatenates the unfiltered list when two or more "
+            "are left, which ORT refuses beside inputs of another rank",
         ),
         aten.im2col.default: _when(
             lambda n: _arg_numel(n, 0) == 0,
