@@ -81,6 +81,18 @@ def test_a_translation_failure_is_warned_again_when_read_from_the_disk_cache(tmp
         assert reasons["aten.cos.default"].kind is ReasonKind.TRANSLATION_FAILED, attempt
 
 
+def _strict_report(fn, args) -> lort.ExplainReport:
+    """``fn`` compiled by lort (every group in ORT) and called once, with any warning an
+    error (a failed session build warns): its result checked against eager, its report."""
+    torch._dynamo.reset()
+    backend = LortBackend({"executor": "ort", "disk_cache": False, "progress": False})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = torch.compile(fn, backend=backend)(*args)
+    torch.testing.assert_close(out, fn(*args))
+    return lort.ExplainReport(backend.records)
+
+
 def test_dtypes_ort_has_no_kernel_for_stay_in_pytorch_by_kind_without_a_failed_build(tmp_path):
     """MaxPool has no int64 kernel and GridSample at the opset lort emits no float64 one:
     the support check keeps those nodes in PyTorch (NO_KERNEL), so no session build fails
@@ -105,13 +117,7 @@ def test_dtypes_ort_has_no_kernel_for_stay_in_pytorch_by_kind_without_a_failed_b
     image = torch.randn(1, 2, 5, 5, dtype=torch.float64)
     for fn, args, kept in ((pool, (ints,), True), (sample, (image, grid), True),
                            (pool, (ints.float(),), False), (sample, (image.float(), grid.float()), False)):
-        torch._dynamo.reset()
-        backend = LortBackend({"executor": "ort", "disk_cache": False, "progress": False})
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            out = torch.compile(fn, backend=backend)(*args)
-        torch.testing.assert_close(out, fn(*args))
-        kinds = lort.ExplainReport(backend.records).fallback_kinds
+        kinds = _strict_report(fn, args).fallback_kinds
         assert (kinds[ReasonKind.NO_KERNEL] >= 1) is kept, (fn.__name__, args[0].dtype, kinds)
         assert kinds[ReasonKind.TRANSLATION_FAILED] == 0
 
@@ -133,13 +139,7 @@ def test_cat_with_empty_1d_inputs_runs_where_torch_lib_is_right():
 
     k, a, b = torch.randn(1, 2, 3, 4), torch.randn(2, 3), torch.randn(1, 3)
     for fn, args, kept in ((one_left, (k,), False), (two_left, (a, b), True), (all_empty, (4,), True)):
-        torch._dynamo.reset()
-        backend = LortBackend({"executor": "ort", "disk_cache": False, "progress": False})
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            out = torch.compile(fn, backend=backend)(*args)
-        torch.testing.assert_close(out, fn(*args))
-        report = lort.ExplainReport(backend.records)
+        report = _strict_report(fn, args)
         cats = [r for op, r in report.fallbacks if "cat" in op]
         assert bool(cats) is kept, (fn.__name__, report.fallbacks)
         assert all(r.kind is ReasonKind.KNOWN_WRONG for r in cats)
