@@ -143,6 +143,9 @@ def table() -> dict:
         "decomposes float diagonal/diagonal_copy as a gather (capture/decompositions_indexing.py), "
         "those it cannot (dynamic shapes) run in PyTorch"
     )
+    int32_index = _when(
+        _int32_index, "torch_lib's index_put passes int32 indices to ScatterND, which takes int64 only"
+    )
     return {
         aten._native_batch_norm_legit_functional.default: (
             "torch_lib's training-mode batch norm (ONNX BatchNormalization training_mode=1) "
@@ -281,14 +284,8 @@ def table() -> dict:
             "torch_lib's im2col reshapes with -1, which ORT rejects for an input with no "
             "elements ('Invalid Target shape product of 0')",
         ),
-        aten._unsafe_index_put.default: _when(
-            _int32_index,
-            "torch_lib's index_put passes int32 indices to ScatterND, which takes int64 only",
-        ),
-        aten.index_put.default: _when(
-            _int32_index,
-            "torch_lib's index_put passes int32 indices to ScatterND, which takes int64 only",
-        ),
+        aten._unsafe_index_put.default: int32_index,
+        aten.index_put.default: int32_index,
         aten.gelu.default: _when(
             lambda n: _arg_dtype(n, 0) == torch.float64 and _node_arg(n, 1, "approximate") == "tanh",
             "float64 gelu(approximate='tanh') through torch_lib and ORT is off by ~1e-7 relative "
