@@ -347,7 +347,7 @@ def test_fused_model_refused_by_ort_falls_back_to_plain_translation(monkeypatch)
 @pytest.mark.parametrize("one, expected", [(0.95, 4), (0.85, 1), (1.2, 4)])
 def test_one_thread_only_when_faster_by_the_margin(one, expected):
     class Timed(Tuner):
-        def time_sessions(self, model_bytes, device, options, counts, feeds):
+        def time_sessions(self, model_bytes, device, options, counts, feeds, **kwargs):
             return {n: {4: 1e-3, 1: one * 1e-3}[n] for n in counts}
 
     threads, times = Timed().choose_threads(b"", torch.device("cpu"), lort.Options(), [object()], 4)
@@ -656,3 +656,27 @@ def test_thread_counts_are_timed_round_robin(monkeypatch):
     order.clear()
     times = Tuner(parallel_work_s=-1.0).time_sessions(b"", torch.device("cpu"), lort.Options(), (2, 1), [])
     assert order == [2] and set(times) == {2}
+
+
+def test_thread_timing_goes_on_only_while_one_thread_looks_faster(monkeypatch):
+    """choose_threads stops at the minimum of samples when all threads are faster, and
+    samples on for thread_budget_s of runs while one thread looks faster (a spell of
+    other load slows the runs on every thread)."""
+    from lort.compile import tuner as tuner_module
+
+    order, cost = [], {}
+
+    def fake_run(model_bytes, device, options, threads, feeds):
+        return lambda: (order.append(threads), cost[threads])[1]
+
+    monkeypatch.setattr(tuner_module, "_session_run", fake_run)
+    monkeypatch.setattr(tuner_module, "_seconds", lambda run: run())
+    tuner = Tuner(thread_budget_s=0.1, thread_max_samples=200)
+    cost.update({2: 0.001, 1: 0.002})
+    threads, times = tuner.choose_threads(b"", torch.device("cpu"), lort.Options(), [], 2)
+    assert threads == 2 and order == [2] + [2, 1] * 9  # the probe, 2 warm-up and 7 rounds
+    order.clear()
+    cost.update({2: 0.002, 1: 0.001})
+    threads, times = tuner.choose_threads(b"", torch.device("cpu"), lort.Options(), [], 2)
+    assert threads == 1 and times == {2: 0.002, 1: 0.001}
+    assert len(order) == 1 + 2 * 34  # rounds of 3 ms until 0.1 s of runs

@@ -75,10 +75,13 @@ class Tuner:
         chosen by. Raises SessionCreationError if ORT refuses the model."""
         if feeds is None:
             return threads, {}
-        times = self.time_sessions(model_bytes, device, options, (threads, 1), feeds)
-        if times.get(1) is not None and times.get(threads) is not None and times[1] < self.thread_margin * times[threads]:
-            threads = 1
-        return threads, times
+        times = self.time_sessions(model_bytes, device, options, (threads, 1), feeds,
+                                   settled=lambda best: not self._one_thread_wins(best, threads))
+        return (1 if self._one_thread_wins(times, threads) else threads), times
+
+    def _one_thread_wins(self, times: dict[int, float | None], threads: int) -> bool:
+        one, every = times.get(1), times.get(threads)
+        return one is not None and every is not None and one < self.thread_margin * every
 
     def choose_group_executor(self, ort_time: float | None, torch_time: float | None) -> Placement:
         if ort_time is None or torch_time is None:
@@ -104,13 +107,16 @@ class Tuner:
 
     def time_sessions(
         self, model_bytes: bytes, device: torch.device, options: Options, counts: tuple[int, ...], feeds: list,
-        warmup: int = 2, samples: int = 7,
+        warmup: int = 2, samples: int = 7, settled: Callable[[dict], bool] | None = None,
     ) -> dict[int, float | None]:
         """Seconds of a run of a throwaway session per thread count in ``counts``, on
         NumPy ``feeds``: the fastest of samples taken round-robin (drift in the machine's
         speed hits every count alike; timing one count after the other let a slow spell
         pin a group to the wrong count), ``samples`` of them and more until the runs have
-        taken ``thread_budget_s``. A first count whose run takes longer than
+        taken ``thread_budget_s``, unless ``settled(best)`` says the times so far decide
+        (choose_threads: all threads already faster; load on the machine slows the run on
+        every thread more than the one on one, so it hides that more than it fakes it).
+        A first count whose run takes longer than
         ``parallel_work_s`` is the only one timed (enough work to use every thread).
         None for a count that cannot be measured (not CPU, or a run raises). Raises
         SessionCreationError."""
@@ -125,7 +131,7 @@ class Tuner:
         best: dict[int, float | None] = {n: float("inf") for n in runs}
         spent = 0.0
         for i in range(warmup + max(samples, self.thread_max_samples)):
-            if i >= warmup + samples and spent >= self.thread_budget_s:
+            if i >= warmup + samples and (spent >= self.thread_budget_s or (settled is not None and settled(best))):
                 break
             for n, run in runs.items():
                 if best[n] is None:
