@@ -95,3 +95,41 @@ def test_table_skips_op_names_this_process_has_not_loaded():
     names = support.implemented_overload_names()
     unknown = ("quantized_decomposed::no_such_op_in_lort_tests", "no_such_namespace_lort::op.default")
     assert _compat.decomposition_table(names + unknown).keys() == _compat.decomposition_table(names).keys()
+
+
+def _traced_max_pool(before):
+    """The inference graph of ``max_pool2d(before(x), 2)`` traced with lort's NaN
+    decompositions."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fn(x):
+        return aten.max_pool2d_with_indices.default(before(x), [2, 2])[0]
+
+    return make_fx(fn, decomposition_table=dec.nan_decompositions())(torch.randn(1, 16, 8, 8))
+
+
+def _count(gm, target) -> int:
+    return sum(1 for n in gm.graph.nodes if n.target is target)
+
+
+@pytest.mark.parametrize(
+    "before, convolutions",
+    [
+        (torch.relu, 1),  # values >= 0 or NaN: one convolution at the pooled size
+        (lambda x: aten.hardtanh.default(x, 0.0, 6.0), 1),  # relu6
+        (lambda x: aten.clamp.default(x, 0.5), 1),
+        (lambda x: aten.clamp_min.default(x, 0.0), 1),
+        (lambda x: aten.clamp_min.default(x, -1.0), 4),
+        (lambda x: aten.clamp.default(x, 0.0, -1.0), 4),  # clamp to max -1: negative
+        (lambda x: aten.hardtanh.default(x), 4),  # -1..1
+        (torch.sigmoid, 4),  # not recognised: the general form
+        (lambda x: x, 4),
+    ],
+)
+def test_max_pool_fix_after_a_relu_is_one_convolution(before, convolutions):
+    """The max_pool NaN and -inf fix reads its input's producer while tracing: after an
+    op whose values are >= 0 or NaN no window is -inf only, and the fix is one depthwise
+    convolution of the window's sum; elsewhere the general form's four. tests/test_ops.py
+    (nan_relu_max_pool2d*) checks both forms' results against eager."""
+    gm = _traced_max_pool(before)
+    assert _count(gm, aten.convolution.default) == convolutions, gm.code

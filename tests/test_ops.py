@@ -669,6 +669,16 @@ CASES: list[Case] = [
       lambda: (_neg_inf_windows()[..., :5],), grad=False),
     C("neg_inf_max_pool3d", lambda x: F.max_pool3d(x, 2), lambda: (_neg_inf_windows()[:, None].repeat(1, 1, 2, 1, 1),),
       grad=False),
+    # After a ReLU-like op (values >= 0 or NaN) the inference form is one depthwise
+    # convolution of the window's sum, whose relu is NaN where the window has a NaN.
+    C("nan_relu_max_pool2d", lambda x: F.max_pool2d(torch.relu(x), 2), lambda: (_relu_pool_windows(),), grad=False),
+    C("nan_relu_max_pool2d_pad", lambda x: F.max_pool2d(torch.relu(x), 3, 2, padding=1),
+      lambda: (_relu_pool_windows(),), grad=False),
+    C("nan_relu6_max_pool2d_dilation", lambda x: F.max_pool2d(F.relu6(x), 3, 1, padding=1, dilation=2),
+      lambda: (_relu_pool_windows(),), grad=False),
+    C("nan_clamp_max_pool2d_3_channels", lambda x: F.max_pool2d(x[:, :3].clamp(0.5, 2.0), 2),
+      lambda: (_relu_pool_windows(),), grad=False),
+    C("nan_relu_max_pool2d_grad", lambda x: F.max_pool2d(torch.relu(x), 2), lambda: (_relu_pool_windows(),)),
     C("nan_sign", torch.sign, lambda: (_with_nans(),), grad=False),
     C("sum_int64_beyond_2_53", lambda a: a.sum() + 0, lambda: (torch.tensor([2**53 + 1, 2]),), grad=False,
       xfail="ORT's ReduceSum on int64 loses precision beyond 2**53 (9007199254740995 -> ...994): "
@@ -717,6 +727,24 @@ def _neg_inf_windows():
     x[0, 0, 3, 3] = INF
     x[0, 1, 0:2, 0:2] = -0.0
     x[0, 1, 4:6, :] = -INF
+    return x
+
+
+def _relu_pool_windows():
+    """(2, 16, 8, 8) for a pool after a ReLU: 2x2 windows with one NaN (channels 0 and
+    2, at each of the window's places), of NaN only, with +inf, with NaN beside +inf, of
+    -inf only (0 after the ReLU) and of -0 only; the rest random."""
+    x = torch.randn(2, 16, 8, 8)
+    for k, (i, j) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+        x[0, 0, 2 * k + i, j] = NAN
+        x[1, 2, i, 2 * k + j] = NAN
+    x[0, 1, 0:2, 0:2] = NAN
+    x[0, 1, 0:2, 2:4] = INF
+    x[0, 1, 2:4, 0:2] = INF
+    x[0, 1, 2, 1] = NAN
+    x[0, 1, 4:6, 4:6] = -INF
+    x[0, 1, 6:8, 6:8] = -0.0
+    x[1, 0, 0, 0] = INF
     return x
 
 

@@ -250,6 +250,34 @@ def _depthwise(x, weight: float, bias: float | None, kernel=(1, 1), stride=(1, 1
     return aten.convolution.default(x, w, b, list(stride), list(padding), list(dilation), False, [0, 0], channels)
 
 
+def _never_negative(x) -> bool:
+    """Whether ``x`` is, while tracing, the output of an op whose values are >= 0 or NaN
+    (relu, or hardtanh/clamp/clamp_min with bounds >= 0): its producer is read from the
+    tracer's proxy. False where it cannot be told."""
+    from torch.fx.experimental import proxy_tensor
+
+    mode = proxy_tensor.get_proxy_mode()
+    if mode is None:
+        return False
+    slot = proxy_tensor.get_proxy_slot(x, mode.tracer, None)
+    node = getattr(getattr(slot, "proxy", None), "node", None)
+    if node is None or node.op != "call_function":
+        return False
+    if node.target is aten.relu.default:
+        return True
+    if node.target is aten.clamp_min.default:
+        return _number_at_least_0(node.args[1])
+    if node.target in (aten.hardtanh.default, aten.clamp.default) and len(node.args) > 1:
+        low = node.args[1]
+        high = node.args[2] if len(node.args) > 2 else (1.0 if node.target is aten.hardtanh.default else None)
+        return _number_at_least_0(low) and (high is None or _number_at_least_0(high))
+    return False
+
+
+def _number_at_least_0(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+
+
 def _window_fix(op, nd, x, nan, kernel_size, stride, padding, dilation, ceil_mode):
     """What to add to ORT's max-pooled values to make them PyTorch's: NaN where the
     window has a NaN (ORT skips it), -inf where every element is -inf (ORT gives the
@@ -261,12 +289,20 @@ def _window_fix(op, nd, x, nan, kernel_size, stride, padding, dilation, ceil_mod
     float32: v = relu(x / 2 + M) is 0 only for -inf, at least M / 2 for any other number,
     NaN for NaN; s, its sum over the window, is 0 only where all of it is -inf; r =
     relu(1 - s) is 1 there, 0 elsewhere, NaN for NaN; -M * r added to the pooled -M
-    overflows to -inf. Elsewhere (training graphs, whose weights are inputs anyway and
-    where these would add gradients; other dtypes, ranks, ceil_mode): selects over the
-    max-pooled masks."""
+    overflows to -inf. Where ``x`` is a ReLU's output (``_never_negative``), no window is
+    -inf only and the fix is relu of minus the window's sum: one convolution at the
+    pooled size instead of a pass over ``x``. Elsewhere (training graphs, whose weights
+    are inputs anyway and where these would add gradients; other dtypes, ranks,
+    ceil_mode): selects over the max-pooled masks."""
     if nd == 2 and x.dim() == 4 and not ceil_mode and x.dtype == torch.float32 and not x.requires_grad:
         big = float(torch.finfo(torch.float32).max)
         kernel = _pair(kernel_size)
+        if _never_negative(x):
+            # x >= 0 or NaN (a ReLU's output): no window is -inf only, and minus the
+            # window's sum is <= 0 (-inf for +inf) or NaN, so its relu is 0 or NaN. One
+            # convolution at the pooled size instead of the full-size pass below.
+            s = _depthwise(x, -1.0, None, kernel, _pair(stride, kernel), _pair(padding), _pair(dilation))
+            return aten.relu.default(s)
         v = aten.relu.default(_depthwise(x, 0.5, big))
         s = _depthwise(v, 1.0, None, kernel, _pair(stride, kernel), _pair(padding), _pair(dilation))
         r = aten.relu.default(_depthwise(s, -1.0, 1.0))
