@@ -370,3 +370,45 @@ def test_xlogy_of_zero_and_nan_is_nan():
     got, expected, backend = _through_lort(torch.xlogy, x, y)
     torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0)
     _all_in_ort(backend)
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape, transpose_a",
+    [
+        ((4, 3, 5), (5, 6), True),  # a transposed batch (nn.MultiheadAttention, batch_first)
+        ((2, 4, 3, 5), (5, 6), False),
+        ((4, 3, 5), (5, 6), False),
+        ((3, 5), (5, 6), False),  # PyTorch's decomposition from here on
+        ((5,), (5, 6), False),
+        ((4, 3, 5), (5,), False),
+        ((5, 3), (4, 3, 2), False),
+    ],
+)
+def test_matmul_folded_equals_aten(a_shape, b_shape, transpose_a):
+    a = torch.randn(*a_shape, dtype=torch.float64)
+    if transpose_a:
+        a = a.transpose(0, 1).contiguous().transpose(0, 1)  # same shape, non-contiguous
+        assert not a.is_contiguous()
+    b = torch.randn(*b_shape, dtype=torch.float64)
+    torch.testing.assert_close(dops.matmul_folded(a, b), torch.matmul(a, b), rtol=1e-12, atol=1e-12)
+
+
+def test_exported_matmul_of_a_transposed_batch_is_one_matrix_product():
+    """Under torch.export without grad PyTorch's decomposition broadcasts the matrix to a
+    batch (expand + bmm), which ORT ran as one product per batch over a copied weight."""
+    from lort.capture import decompositions
+
+    class Project(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(6, 5))
+
+        def forward(self, x):
+            return torch.matmul(x.transpose(0, 1), self.w.t())
+
+    model, x = Project(), torch.randn(3, 4, 5)
+    with torch.no_grad():
+        ep = torch.export.export(model, (x,), strict=False).run_decompositions(decompositions.table())
+        targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+        assert aten.bmm.default not in targets and aten.mm.default in targets, targets
+        torch.testing.assert_close(ep.module()(x), model(x))

@@ -1,5 +1,9 @@
 """Decompositions of single ops whose torch_lib translation fails on some inputs, into
-ops it translates exactly (registered by ``decompositions.table``).
+ops it translates exactly, or whose PyTorch decomposition ORT runs poorly (registered by
+``decompositions.table``).
+
+* matmul of a batch by a matrix (``matmul_folded``): one matrix product over the
+  batch's rows, also for a non-contiguous batch.
 
 * Reductions over a dimension of a 0-d tensor: ONNX's ReduceMax/ReduceMin reject an
   axis on a rank-0 input ("axis must be in [-rank, rank-1]. Input rank was 0"), so
@@ -58,10 +62,26 @@ def _pytorch_decomposition(op, *args):
     return decomposition_table[op](*args)
 
 
+def matmul_folded(a, b):
+    """``a @ b`` for ``a`` of 3 or more dims and ``b`` a matrix, as one matrix product over
+    the rows of ``a``. PyTorch's decomposition folds a non-contiguous ``a`` (a transposed
+    activation: nn.MultiheadAttention's projections with batch_first) only where ``b``
+    requires grad; under torch.export without grad it broadcasts ``b`` to a batch and
+    calls bmm, which ORT runs as one small product per batch over ``b`` copied that many
+    times. Other shapes: PyTorch's decomposition."""
+    if a.dim() >= 3 and b.dim() == 2:
+        rows = aten.reshape.default(a, [-1, a.shape[-1]])
+        return aten.view.default(aten.mm.default(rows, b), [*a.shape[:-1], b.shape[-1]])
+    from torch._decomp import decompositions as torch_decompositions
+
+    return torch_decompositions.matmul(a, b)
+
+
 def table(previous: dict) -> dict:
     """lort's single-op decompositions; each falls back to ``previous``'s decomposition
     of the same op where it does not apply."""
     own = {
+        aten.matmul.default: matmul_folded,
         aten.amax.default: zero_dim_extremum,
         aten.amin.default: zero_dim_extremum,
         aten.any.dim: zero_dim_any_all,
