@@ -18,6 +18,7 @@ import torch
 import torch.fx
 from torch._functorch.aot_autograd import make_boxed_func
 
+from ..capture import attention
 from ..diagnostics import progress
 from ..diagnostics.report import GraphRecord
 from ..errors import LortError, SessionCreationError, TranslationError
@@ -52,6 +53,8 @@ class GraphCompiler:
         """``weights``: placeholder index -> (name, tensor) of the module weights an
         inference graph may freeze (Options.freeze)."""
         progress.log_captured(self.options, name, gm, captured_s)
+        if kind == "inference" and self.options.mode != "pytorch":
+            attention.elementwise_safe_softmax(gm)
         record = GraphRecord(kind=kind, name=name, graph_module=gm)
         plan_key = disk_cache.graph_key(gm, self.options, what="plan") if self.cache else None
         unsupported = self._cached_plan(gm, self.cache.load_record(plan_key)) if self.cache else None
