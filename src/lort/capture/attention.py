@@ -84,7 +84,7 @@ def _row_mask(where: torch.fx.Node) -> torch.fx.Node | None:
     if source is not scores:
         return None
     rank = _rank(scores)
-    if rank is None or _last(cond.args[1], rank) is False or _last(out.args[1], rank) is False:
+    if rank is None or not _last(cond.args[1], rank) or not _last(out.args[1], rank):
         return None
     if _shape(masked) != _shape(out):
         return None
