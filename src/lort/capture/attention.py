@@ -105,12 +105,12 @@ def _only_left_of_products(node: torch.fx.Node) -> bool:
             continue
         seen.add(current)
         if not current.users:
-            return False  # a graph output would see the difference
+            return False  # unused (a graph output is a user that is not a call: below)
         for user in current.users:
             if user.op != "call_function":
                 return False
             if user.target in _PRODUCTS:
-                if user.args[0] is not current or current in user.args[1:] or (_shape(current) or [None])[-1] != last:
+                if user.args[0] is not current or current in user.args[1:]:
                     return False
                 continue
             if user.target in _PASS_THROUGH or (user.target in _SCALE and user.args[0] is current

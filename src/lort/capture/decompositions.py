@@ -252,8 +252,8 @@ def _depthwise(x, weight: float, bias: float | None, kernel=(1, 1), stride=(1, 1
 
 def _never_negative(x) -> bool:
     """Whether ``x`` is, while tracing, the output of an op whose values are >= 0 or NaN
-    (relu, or hardtanh/clamp/clamp_min with bounds >= 0): its producer is read from the
-    tracer's proxy. False where it cannot be told."""
+    (relu, or hardtanh/clamp with bounds >= 0; lort's table makes clamp_min a clamp): its
+    producer is read from the tracer's proxy. False where it cannot be told."""
     from torch.fx.experimental import proxy_tensor
 
     mode = proxy_tensor.get_proxy_mode()
@@ -265,8 +265,6 @@ def _never_negative(x) -> bool:
         return False
     if node.target is aten.relu.default:
         return True
-    if node.target is aten.clamp_min.default:
-        return _number_at_least_0(node.args[1])
     if node.target in (aten.hardtanh.default, aten.clamp.default) and len(node.args) > 1:
         low = node.args[1]
         high = node.args[2] if len(node.args) > 2 else (1.0 if node.target is aten.hardtanh.default else None)
