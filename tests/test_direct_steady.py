@@ -108,6 +108,36 @@ def test_calls_that_differ_leave_the_lane(net):  # noqa: F811
     _check(om, model, x)
 
 
+def test_the_lane_checks_each_argument_and_the_inference_mode(net, counts):  # noqa: F811
+    """The lane's tensor check (Dynamo's C++ TENSOR_MATCH where torch has it) leaves it
+    for another tensor type, requires_grad, dtype, count or a non-tensor; under
+    torch.inference_mode (other dispatch keys) a lane of its own serves, and switching
+    back and forth stays right."""
+    model, x = net
+    om = lort.ORTModule(model, options=OPTS)
+    _check(om, model, x)
+    seen = counts()
+    with torch.no_grad():
+        for arg in (torch.nn.Parameter(x.clone()), x.clone().requires_grad_(True)):
+            torch.testing.assert_close(om(arg), model(arg), rtol=1e-5, atol=1e-5)
+            assert seen["flatten"] == 1
+            seen = counts()
+        for bad in ((x, x), (3,)):  # PyTorch's own error, after lort's warning that it runs the module
+            with pytest.raises(TypeError), pytest.warns(UserWarning, match="capture or compile failed"):
+                om(*bad)
+    for _ in range(2):
+        with torch.inference_mode():
+            torch.testing.assert_close(om(x), model(x), rtol=1e-5, atol=1e-5)
+            y = torch.randn_like(x)  # an inference tensor
+            torch.testing.assert_close(om(y), model(y), rtol=1e-5, atol=1e-5)
+        _check(om, model, x)
+    seen = counts()
+    with torch.inference_mode():
+        torch.testing.assert_close(om(y), model(y), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(om(y), model(y), rtol=1e-5, atol=1e-5)
+    assert seen["flatten"] == 1  # the first call under inference_mode built its lane, the second took it
+
+
 def test_hooks_and_a_replaced_forward_on_the_wrapper_are_honoured(net):  # noqa: F811
     model, x = net
     om = lort.ORTModule(model, options=OPTS)

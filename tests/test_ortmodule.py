@@ -517,6 +517,8 @@ def test_bad_inputs_are_clear_errors():
         ORTModule(lambda x: x)
     with pytest.raises(TypeError, match="debug_options must be a lort.DebugOptions"):
         ORTModule(nn.Linear(2, 2), {"log_level": LogLevel.INFO})
+    with pytest.raises(TypeError, match=r"go by keyword: ORTModule\(module, options=...\)"):
+        ORTModule(nn.Linear(2, 2), lort.Options(executor="ort"))
     with pytest.raises(TypeError, match="unknown lort option"):
         ORTModule(nn.Linear(2, 2), options={"schema_cache": 2})
     with pytest.raises(ValueError, match="schema_cache_size"):

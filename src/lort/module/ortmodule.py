@@ -169,7 +169,10 @@ class ORTModule(torch.nn.Module):
             explicit = False
             debug_options = DebugOptions()
         elif not isinstance(debug_options, DebugOptions):
-            raise TypeError(f"ORTModule debug_options must be a lort.DebugOptions, not {type(debug_options).__name__}")
+            hint = (" (lort.Options go by keyword: ORTModule(module, options=...))"
+                    if isinstance(debug_options, Options) else "")
+            raise TypeError(
+                f"ORTModule debug_options must be a lort.DebugOptions, not {type(debug_options).__name__}{hint}")
         else:
             explicit = True
         super().__init__()
