@@ -293,8 +293,8 @@ def _same_tensors(tensors: list) -> Callable[[tuple], bool]:
     """``same(args)``: whether ``args`` are as many tensors as ``tensors``, of the same
     Python types, dtypes, devices, requires_grad, shapes and strides. Dynamo's C++ tensor
     check (its TENSOR_MATCH guard, which also compares the dispatch keys: a tensor made
-    under torch.inference_mode, or a call under it, gives False) where torch has it, a
-    few microseconds less a call than the Python comparison it falls back to."""
+    under torch.inference_mode, or a call under it, gives False) where torch has it: one
+    C call instead of the Python comparison it falls back to."""
     guards = None
     if _TensorGuards is not None:
         try:
