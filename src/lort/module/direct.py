@@ -43,6 +43,11 @@ from .state import PLAIN, same_snapshot
 
 logger = logging.getLogger("lort.module")
 
+try:  # Dynamo's C++ tensor check (lane's input check; the Python comparison without it)
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # pragma: no cover - depends on the torch build
+    _TensorGuards = None
+
 _SHAPE = operator.attrgetter("shape")
 _STRIDE = torch.Tensor.stride
 _DATA_PTR = torch.Tensor.data_ptr
@@ -310,12 +315,6 @@ def _same_tensors(tensors: list) -> Callable[[tuple], bool]:
     types, meta, strides = tuple(map(type, tensors)), tuple(map(_META, tensors)), tuple(map(_STRIDE, tensors))
     return lambda args: (tuple(map(type, args)) == types and tuple(map(_META, args)) == meta
                          and tuple(map(_STRIDE, args)) == strides)
-
-
-try:
-    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
-except ImportError:  # pragma: no cover - depends on the torch build
-    _TensorGuards = None
 
 
 def _single_group(fn) -> tuple | None:
