@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench conformance install clean
+.PHONY: demo test bench conformance install native clean
 
 $(STAMP): pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
@@ -14,20 +14,25 @@ $(STAMP): pyproject.toml requirements-ci.txt
 	$(PY) -m pip install -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+install: native
 
-demo: $(STAMP)
+# lort's C++ frozen-weight check, built for the torch installed (about a minute the first
+# time); without a compiler lort checks in Python, and tests/test_weight_check.py says so.
+native: $(STAMP)
+	$(PY) -m lort.runtime.build_native || echo "make: the C++ frozen-weight check is not built: lort checks frozen weights in Python"
+
+demo: native
 	$(PY) examples/demo.py
 
-test: $(STAMP)
+test: native
 	$(PY) -m pytest -q tests
 
-bench: $(STAMP)
+bench: native
 	$(PY) benchmarks/run.py
 
 # PyTorch's OpInfo suite through lort (every op, float32/float64/int64), in worker
 # processes; writes benchmarks/conformance.md.
-conformance: $(STAMP)
+conformance: native
 	$(PY) benchmarks/conformance.py
 
 clean:

@@ -14,10 +14,12 @@ group's frozen session and its weight guard. Timed round-robin, ``--rounds`` rou
 - whole ORT: the exported model's step.
 
 The check is timed alone, once per round after a session run (cold: the run's data
-evicted the weights' tensor objects from the caches) and once more right after
-(hot), split into its parts: identity, version counter and data pointer of each
-frozen tensor (freeze=True checks only these), and the sampled element of each
-(freeze="auto", the default, adds it: it sees writes through ``p.data``).
+evicted the weights' tensor objects from the caches) and once more right after (hot):
+lort's C++ check (runtime/weight_check.cpp, what ORTModule ran where it is built) and
+the Python one over the same tensors, the latter split into its parts: identity,
+version counter and data pointer of each frozen tensor (freeze=True checks only these),
+and the sampled element of each (freeze="auto", the default, adds it: it sees writes
+through ``p.data``).
 
     python benchmarks/guard_cost.py [--models mlp,cnn,mobilenetv3,vit] [--batches 1,8] [--out F]
 """
@@ -41,7 +43,8 @@ from whole_ort import whole_ort_step  # noqa: E402
 
 import lort  # noqa: E402
 from lort.module.direct import _single_group  # noqa: E402
-from lort.runtime.frozen import _DATA_PTR, _VERSION  # noqa: E402
+from lort.runtime import native  # noqa: E402
+from lort.runtime.frozen import _DATA_PTR, _VERSION, FrozenWeight, WeightGuard  # noqa: E402
 from lort.testing.models import CASES  # noqa: E402
 
 MODELS = ["mlp", "cnn", "transformer", "bert", "resnet18", "mobilenetv3", "vit"]
@@ -80,13 +83,19 @@ def measure(name: str, batch: int, rounds: int, calls: int) -> dict | str:
         whole = whole_ort_step(model, args)
         if isinstance(whole, str):
             return whole
+        py = _python_guard(guard)
         parts = {
-            "ids, versions, pointers": lambda: (all(map(operator.is_, weights, guard.tensors))
-                                                and list(map(_VERSION, weights)) == guard.versions
-                                                and list(map(_DATA_PTR, weights)) == guard.ptrs),
-            "samples": lambda: list(map(operator.getitem, guard._views, guard._where)) == guard._values,
-            "check": lambda: guard.same_picked(weights),
+            "C++": guard._native.same if guard._native is not None else None,
+            "Python": lambda: py.same_picked(weights),
+            "ids, versions, pointers": lambda: (all(map(operator.is_, weights, py.tensors))
+                                                and list(map(_VERSION, weights)) == py.versions
+                                                and list(map(_DATA_PTR, weights)) == py.ptrs),
+            "samples": lambda: list(map(operator.getitem, py._views, py._where)) == py._values,
         }
+        if parts["C++"] is None:
+            del parts["C++"]
+        else:
+            parts["C++"] = lambda check=parts["C++"]: check(weights)
         steps = {"session": lambda: sess.run(live), "ORTModule": lambda: om(*args), "whole ORT": whole}
         times = {k: [] for k in steps}
         cold = {k: [] for k in parts}
@@ -110,13 +119,31 @@ def measure(name: str, batch: int, rounds: int, calls: int) -> dict | str:
             "cold": {k: med(v) for k, v in cold.items()}, "hot": {k: med(v) for k, v in hot.items()}}
 
 
+def _python_guard(guard: WeightGuard) -> WeightGuard:
+    """A guard over the same tensors that checks in Python."""
+    load = native.load
+    native.load = lambda: None
+    try:
+        return WeightGuard(tuple(FrozenWeight(i, n, t) for i, (n, t) in enumerate(zip(guard.names, guard.tensors))),
+                           guard.sample)
+    finally:
+        native.load = load
+
+
+def _cold_hot(r: dict, part: str) -> str:
+    if part not in r["cold"]:
+        return "not built | -"
+    c, h = r["cold"][part], r["hot"][part]
+    return f"{c * 1e6:.0f} ({c / r['weights'] * 1e9:.0f} ns) | {h * 1e6:.0f}"
+
+
 def row(name: str, batch: int, r: dict | str) -> str:
     if isinstance(r, str):
-        return f"| {name} | {batch} | {r} |" + " |" * 8
+        return f"| {name} | {batch} | {r} |" + " |" * 10
     us = {k: v * 1e6 for k, v in r["times"].items()}
-    c, h = r["cold"], r["hot"]
+    c = r["cold"]
     return (f"| {name} | {batch} | {r['weights']} | {us['session']:.0f} | {us['ORTModule']:.0f} | {us['whole ORT']:.0f} "
-            f"| {c['check'] * 1e6:.0f} ({c['check'] / r['weights'] * 1e9:.0f} ns) | {h['check'] * 1e6:.0f} "
+            f"| {_cold_hot(r, 'C++')} | {_cold_hot(r, 'Python')} "
             f"| {c['ids, versions, pointers'] * 1e6:.0f} / {c['samples'] * 1e6:.0f} "
             f"| {us['whole ORT'] / us['ORTModule']:.2f}x | {us['whole ORT'] / us['session']:.2f}x |")
 
@@ -131,9 +158,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     start = time.time()
     lines = [
-        "| model | batch | frozen weights | session µs | ORTModule µs | whole ORT µs | check cold µs (per weight) "
-        "| check hot µs | cold: ids, versions, pointers / samples µs | ORTModule vs whole ORT | session vs whole ORT |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | batch | frozen weights | session µs | ORTModule µs | whole ORT µs | C++ check cold µs (per weight) "
+        "| C++ check hot µs | Python check cold µs (per weight) | Python check hot µs "
+        "| Python cold: ids, versions, pointers / samples µs | ORTModule vs whole ORT | session vs whole ORT |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in a.models.split(","):
         for batch in map(int, a.batches.split(",")):

@@ -8,19 +8,26 @@ updates). Writes through ``p.data`` or NumPy bump no version counter; with
 ``sample=True`` (Options.freeze="auto") one element of each CPU tensor, its largest in
 magnitude when frozen, is compared too, which catches writes that change it (scaling,
 zeroing, copying other values in); a write that leaves that element as it was is not
-seen (use ``freeze=False`` for code that writes weights that way)."""
+seen (use ``freeze=False`` for code that writes weights that way).
+
+The check runs in C++ where runtime/native.py's module is built (the same test, several
+times faster right after an ORT run, when the tensors are out of the caches), else in
+Python."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import operator
+import sys
 import threading
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from . import native
 
 
 _timing = threading.local()
@@ -74,21 +81,26 @@ class WeightGuard:
         self.versions = [t._version for t in tensors]
         self.ptrs = [t.data_ptr() for t in tensors]
         self.calls_since_reset = 0
-        # Sampled elements: position in weights, reader (a memoryview or NumPy view over
-        # the weight's memory), index into it, value when frozen.
+        # Sampled elements, for the Python check: position in weights, reader (a
+        # memoryview or NumPy view over the weight's memory), index into it, value when
+        # frozen. (The C++ check samples the same elements without NumPy, whose views
+        # would leave the weights' storages unresizable.)
         self._sampled, self._views, self._where, self._values = [], [], [], []
-        if self.sample:
-            with unset_fake_temporarily():  # built while compiling, under FakeTensorMode
+        with unset_fake_temporarily():  # built while compiling, under FakeTensorMode
+            self._native = _native_check(self.tensors, self.sample)
+            if self._native is None and self.sample:
                 self._take_samples(tensors)
+        self._native_same = None if self._native is None else self._native.same
 
     def _take_samples(self, tensors: list[torch.Tensor]) -> None:
         for k, t in enumerate(tensors):
-            probe = _sample(t)
-            if probe is not None:
+            at = _sample_at(t)
+            if at is not None:
                 self._sampled.append(k)
-                self._views.append(probe[0])
-                self._where.append(probe[1])
-                self._values.append(probe[2])
+                reader, where, value = _reader(*at)
+                self._views.append(reader)
+                self._where.append(where)
+                self._values.append(value)
 
     def same(self, args) -> bool:
         """Whether no frozen weight changed (``args``: the group's inputs)."""
@@ -96,7 +108,9 @@ class WeightGuard:
 
     def same_picked(self, picked) -> bool:
         """Whether no frozen weight changed (``picked``: the frozen inputs, in order). The
-        common case, decided by C-level maps (about 0.1 us a weight)."""
+        common case, decided in C++ or by C-level maps."""
+        if self._native_same is not None:
+            return self._native_same(picked)
         return (
             all(map(operator.is_, picked, self.tensors))
             and list(map(_VERSION, picked)) == self.versions
@@ -107,15 +121,38 @@ class WeightGuard:
     def changed(self, args) -> str | None:
         """The name of the first frozen weight that changed (``args``: the group's
         inputs), or None."""
-        if self.same(args):
-            return None
         picked = self._pick(args)
+        if self._native is not None:
+            k = self._native.first_change(picked)
+            return None if k < 0 else self.names[k]
+        if self.same_picked(picked):
+            return None
         for k, a in enumerate(picked):
             if a is not self.tensors[k] or a._version != self.versions[k] or a.data_ptr() != self.ptrs[k]:
                 return self.names[k]
         for k, view, index, value in zip(self._sampled, self._views, self._where, self._values):
             if view[index] != value:
                 return self.names[k]
+        return None
+
+
+def _native_check(tensors: list[torch.Tensor], sample: bool):
+    """The C++ check over ``tensors`` (``same(picked)``, ``first_change(picked)``), or
+    None: not built, a big-endian machine (whose sample bits this side does not
+    compute), or a tensor it refuses (without storage, such as a wrapper subclass, or
+    without version counter, such as an inference tensor)."""
+    module = native.load() if sys.byteorder == "little" else None
+    if module is None or any(isinstance(t, torch._subclasses.FakeTensor) for t in tensors):
+        return None
+    raw = [(0, 0, 0)] * len(tensors)
+    if sample:
+        for k, t in enumerate(tensors):
+            at = _sample_at(t)
+            if at is not None:
+                raw[k] = _raw(t, *at)
+    try:
+        return module.WeightCheck(tensors, [r[0] for r in raw], [r[1] for r in raw], [r[2] for r in raw])
+    except (ValueError, TypeError, RuntimeError):
         return None
 
 
@@ -136,13 +173,11 @@ _DATA_PTR = torch.Tensor.data_ptr
 _BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
 
 
-def _sample(t: torch.Tensor):
-    """(reader over ``t``'s memory, index, value) of its largest finite element in
-    magnitude (the first where none is finite, or of a bool tensor), or None for a tensor
-    that cannot be read cheaply (not in CPU memory, empty, not strided, complex). The
-    value is the element's bits for floating dtypes. The reader is a flat memoryview
-    (indexing it is about twice as fast as indexing NumPy), or the NumPy view with a
-    tuple index where the tensor is not contiguous."""
+def _sample_at(t: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """(``t``'s elements, as integers of the same size for floating dtypes, the flat
+    index of its largest finite element in magnitude: the first where none is finite, or
+    of a bool tensor), or None for a tensor that cannot be read cheaply (not in CPU
+    memory, empty, not strided, complex)."""
     if t.device.type != "cpu" or t.numel() == 0 or t.layout != torch.strided or t.is_complex():
         return None
     d = t.detach()
@@ -153,9 +188,25 @@ def _sample(t: torch.Tensor):
         d = d.view(_BITS[d.dtype])
     elif d.dtype != torch.bool:
         flat = int(d.abs().reshape(-1).argmax()) if d.is_signed() else int(d.reshape(-1).argmax())
+    return d, flat
+
+
+def _reader(d: torch.Tensor, flat: int) -> tuple:
+    """(reader, index, value) of ``_sample_at``'s element for the Python check: a flat
+    memoryview (indexing it is about twice as fast as indexing NumPy), or the NumPy view
+    with a tuple index where the tensor is not contiguous."""
     view = d.numpy()
     if view.flags.c_contiguous:
         reader = memoryview(view.reshape(-1))
         return reader, flat, reader[flat]
     index = np.unravel_index(flat, view.shape)
     return view, index, view[index].copy()
+
+
+def _raw(t: torch.Tensor, d: torch.Tensor, flat: int) -> tuple[int, int, int]:
+    """``_sample_at``'s element for the C++ check: (bytes from the storage's start, its
+    size, its bytes as an unsigned little-endian integer), read without NumPy."""
+    index = tuple(int(i) for i in np.unravel_index(flat, tuple(t.shape)))
+    size = t.element_size()
+    offset = (t.storage_offset() + sum(i * s for i, s in zip(index, t.stride()))) * size
+    return offset, size, int(d[index].item()) & ((1 << 8 * size) - 1)
