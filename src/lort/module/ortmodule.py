@@ -35,6 +35,10 @@ from ..options import Options
 from .direct import MISS
 from .transition import TransitionManager
 
+# Read on every call (bound once: attribute lookups through torch cost a call's time).
+_tracing_state = torch._C._get_tracing_state
+_is_compiling = torch.compiler.is_compiling
+
 logger = logging.getLogger("lort.module")
 
 
@@ -201,7 +205,7 @@ class ORTModule(torch.nn.Module):
         if (d["_forward_pre_hooks"] or d["_forward_hooks"] or d["_backward_pre_hooks"] or d["_backward_hooks"]
                 or "forward" in d or d.get("_compiled_call_impl") is not None or _nn_module._global_forward_pre_hooks
                 or _nn_module._global_forward_hooks or _nn_module._global_backward_pre_hooks
-                or _nn_module._global_backward_hooks or torch._C._get_tracing_state() or torch.compiler.is_compiling()):
+                or _nn_module._global_backward_hooks or _tracing_state() or _is_compiling()):
             return super().__call__(*args, **kwargs)
         manager = d["_lort_manager"]
         lane = manager.lane
