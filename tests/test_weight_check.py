@@ -4,6 +4,7 @@ agree. tests/test_freeze.py runs the same routes through compiled models."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 
 import pytest
@@ -170,3 +171,77 @@ def test_the_cpp_check_refuses_what_it_cannot_read():
     with pytest.raises(ValueError, match="one sample"):
         module.WeightCheck([torch.randn(3)], [], [], [])
     assert frozen._native_check([torch.randn(3), t], [(0, 0, 0)] * 2) is None
+
+
+def test_without_a_build_the_python_check_serves(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv(native.ENV_NATIVE_DIR, str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="lort"):
+        assert native.load() is None
+    assert "python -m lort.runtime.build_native builds it" in caplog.text
+    # A broken build does not load either: said, and Python serves.
+    folder = native.build_dir()
+    folder.mkdir(parents=True)
+    (folder / f"{native.NAME}.so").write_bytes(b"not a library")
+    native._loaded.clear()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lort"):
+        assert native.load() is None
+    assert "does not load" in caplog.text
+    ws = _weights()
+    assert WeightGuard(tuple(FrozenWeight(i, "w", t) for i, t in enumerate(ws)), sample=True)._native is None
+    native._loaded.clear()
+    monkeypatch.setenv(native.ENV_NATIVE, "0")
+    monkeypatch.delenv(native.ENV_NATIVE_DIR)
+    assert native.load() is None
+
+
+class _Owner(torch.nn.Module):
+    def __init__(self, ws):
+        super().__init__()
+        self.a = torch.nn.Parameter(ws[0])
+        self.register_buffer("b", ws[1])
+
+
+def test_the_registered_check_reads_each_weight_where_its_module_holds_it(check):
+    """ORTModule's steady route hands the guard its weights' registries (a module's
+    ``_parameters`` and ``_buffers``): a weight replaced there, removed, or changed is
+    seen; after ``reset`` over the new ones they pass again."""
+    torch.manual_seed(0)
+    m = _Owner([torch.randn(3), torch.randn(2, 2)])
+    guard = _guard([m.a, m.b], check)
+    same = guard.register([m._parameters, m._buffers], ["a", "b"])
+    assert same()
+    m.b.mul_(2)  # version
+    assert not same()
+    guard.reset([m.a, m.b])
+    assert same()
+    m.a.data[torch.argmax(m.a.detach().abs())] = 0.0  # behind the version counter: the sample
+    assert not same()
+    guard.reset([m.a, m.b])
+    m.a = torch.nn.Parameter(m.a.detach().clone())  # replaced in the registry
+    assert not same()
+    guard.reset([m.a, m.b])
+    assert same()
+    del m._buffers["b"]  # removed: no match (the caller's full path says so)
+    assert not same()
+    m.register_buffer("b", guard.tensors[1])
+    assert same()
+    if check == "cpp":
+        with pytest.raises(ValueError, match="one registry"):
+            guard._native.set_registries([m._parameters], ["a"])
+        fresh = native.load().WeightCheck([m.a], [0], [0], [0])
+        with pytest.raises(RuntimeError, match="set_registries"):
+            fresh.same_registered()
+
+
+def test_a_registry_that_is_no_plain_dict_is_read_in_python(check):
+    class Registry(dict):
+        def __getitem__(self, key):
+            return super().__getitem__(key)
+
+    t = torch.randn(3)
+    guard = _guard([t], check)
+    same = guard.register([Registry(w=t)], ["w"])
+    assert guard._registered is None and same()
+    t.add_(1)
+    assert not same()

@@ -220,6 +220,13 @@ class DirectRunner:
         # The frozen weights, read through their registries (module/watch.py does not see
         # a registry written directly); the graph reads no other.
         owners, keys, tensors = [self._owners[k] for k in frozen], [self._keys[k] for k in frozen], picker([k - n for k in live])
+        registered = group.steady_run_registered(owners, keys)  # the guard reads the registries itself
+        if registered is not None:
+            def fast(args):
+                outs = registered(tensors(args))
+                return outs if outs is None or select is None else select(outs)
+
+            return fast
 
         def steady(args):
             try:

@@ -73,6 +73,8 @@ class WeightGuard:
         #: Calls since ``reset`` (a weight that changes on the call right after being
         #: frozen again changes on every call: runtime/group.py then unfreezes it).
         self.calls_since_reset = 0
+        # Where each frozen weight is read on a call (``register``), or None.
+        self._registries: tuple[list[dict], list] | None = None
         self.reset([w.tensor for w in weights])
 
     def reset(self, tensors: list[torch.Tensor]) -> None:
@@ -91,6 +93,9 @@ class WeightGuard:
             if self._native is None and self.sample:
                 self._take_samples(tensors)
         self._native_same = None if self._native is None else self._native.same
+        self._registered = None
+        if self._registries is not None:
+            self._register()
 
     def _take_samples(self, tensors: list[torch.Tensor]) -> None:
         for k, t in enumerate(tensors):
@@ -117,6 +122,34 @@ class WeightGuard:
             and list(map(_DATA_PTR, picked)) == self.ptrs
             and list(map(operator.getitem, self._views, self._where)) == self._values
         )
+
+    def register(self, dicts: list[dict], keys: list) -> Callable[[], bool]:
+        """Where each frozen weight is read on a call (``dicts[i][keys[i]]``, its module's
+        ``_parameters`` or ``_buffers``), for a caller that has no arguments to pass:
+        returns ``same_registered``."""
+        self._registries = (list(dicts), list(keys))
+        self._register()
+        return self.same_registered
+
+    def _register(self) -> None:
+        dicts, keys = self._registries
+        self._registered = None
+        if self._native is not None:
+            try:
+                self._native.set_registries(dicts, keys)
+                self._registered = self._native.same_registered
+            except ValueError:  # a registry that is no plain dict: read in Python
+                pass
+
+    def same_registered(self) -> bool:
+        """Whether each registry still holds its frozen weight, unchanged (False where
+        one lost it: the caller's full path says so)."""
+        if self._registered is not None:
+            return self._registered()
+        try:
+            return self.same_picked(tuple(map(operator.getitem, *self._registries)))
+        except KeyError:
+            return False
 
     def changed(self, args) -> str | None:
         """The name of the first frozen weight that changed (``args``: the group's

@@ -190,6 +190,29 @@ class OrtGroup(torch.nn.Module):
 
         return steady, list(guard.indices), list(self._live)
 
+    def steady_run_registered(self, dicts: list[dict], keys: list) -> Callable[[list], tuple | None] | None:
+        """``steady_run``'s route for a caller that reads the frozen weights from their
+        modules (``dicts[i][keys[i]]``, in the order of ``steady_run``'s ``frozen``):
+        ``run(l)``, where the weight guard reads them itself (in C++ where it is built);
+        None where ``steady_run`` is None."""
+        if self.steady_run() is None:
+            return None
+        guard, sess = self._guard, self._frozen_sessions.get(False)
+        where = None if self._identity_where else picker(list(self.compiled.where))
+        same, frozen, run = guard.register(dicts, keys), self._frozen_sessions, sess.run
+
+        def steady(live):
+            if self._guard is not guard or frozen.get(False) is not sess or not same():
+                return None
+            try:
+                outs = run(live)
+            except Exception:  # noqa: BLE001 - forward runs it again and handles the failure
+                return None
+            guard.calls_since_reset += 1
+            return outs if where is None else where(outs)
+
+        return steady
+
     def _run_ort(self, args) -> list[torch.Tensor]:
         if self._any_in_perm:
             args = [a if p is None else a.permute(p) for a, p in zip(args, self._in_perms)]

@@ -9,6 +9,7 @@ needs its own build. ``LORT_NATIVE=0`` turns it off. Nothing is compiled on impo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -28,7 +29,7 @@ ENV_NATIVE_DIR = "LORT_NATIVE_DIR"
 NAME = "lort_weight_check"
 SOURCE = Path(__file__).with_name("weight_check.cpp")
 #: The module's ABI attribute this Python side expects.
-ABI = 2
+ABI = 3
 
 _loaded: dict[str, ModuleType | None] = {}
 
@@ -43,13 +44,18 @@ def build_dir() -> Path:
     if not root:
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         root = os.path.join(cache, "lort", "native")
+    return Path(root) / _key()
+
+
+@functools.lru_cache(maxsize=1)
+def _key() -> str:
     key = hashlib.sha256()
     for part in (SOURCE.read_bytes(), torch.__version__.encode(), str(torch.version.git_version).encode(),
                  str(torch._C._GLIBCXX_USE_CXX11_ABI).encode(), sys.implementation.cache_tag.encode(),
                  platform.machine().encode()):
         key.update(part)
         key.update(b"\0")
-    return Path(root) / key.hexdigest()[:20]
+    return key.hexdigest()[:20]
 
 
 def _library(folder: Path) -> Path | None:

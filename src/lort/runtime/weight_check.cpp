@@ -62,6 +62,47 @@ class WeightCheck {
     return items != nullptr && first_change(items) < 0;
   }
 
+  // Where each tensor is read from on a call (``same_registered``): ``dicts[i][keys[i]]``
+  // (a module's ``_parameters`` or ``_buffers``).
+  void set_registries(py::list dicts, py::list keys) {
+    const size_t n = objects_.size();
+    if (py::len(dicts) != n || py::len(keys) != n) {
+      throw std::invalid_argument("one registry (dict, key) per tensor");
+    }
+    std::vector<py::object> d, k;
+    for (size_t i = 0; i < n; i++) {
+      if (!PyDict_CheckExact(dicts[i].ptr())) {
+        throw std::invalid_argument("a registry that is not a dict");
+      }
+      d.push_back(dicts[i]);
+      k.push_back(keys[i]);
+    }
+    dicts_ = std::move(d);
+    keys_ = std::move(k);
+    registered_.resize(n);
+  }
+
+  // Whether each registry still holds its frozen tensor, unchanged (false where a key is
+  // missing: the caller's full path says so).
+  bool same_registered() {
+    const size_t n = objects_.size();
+    if (dicts_.size() != n) {
+      throw std::logic_error("set_registries was not called");
+    }
+    for (size_t i = 0; i < n; i++) {
+      __builtin_prefetch(dicts_[i].ptr());
+    }
+    for (size_t i = 0; i < n; i++) {
+      PyObject* value = PyDict_GetItemWithError(dicts_[i].ptr(), keys_[i].ptr());  // borrowed
+      if (value == nullptr) {
+        PyErr_Clear();
+        return false;
+      }
+      registered_[i] = value;
+    }
+    return n == 0 || first_change(registered_.data()) < 0;
+  }
+
   // The index of the first tensor of ``picked`` that changed (checked as ``same`` checks:
   // identities, then versions and data, then samples), or -1.
   int64_t first_change_of(py::handle picked) {
@@ -143,16 +184,20 @@ class WeightCheck {
   std::vector<Sample> samples_;
   std::vector<c10::TensorImpl*> impls_;  // scratch for one check
   PyObject* none_ = nullptr;              // the items of an empty selection
+  std::vector<py::object> dicts_, keys_;  // set_registries
+  std::vector<PyObject*> registered_;     // scratch for same_registered (borrowed)
 };
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "lort's frozen-weight check (runtime/frozen.py)";
-  m.attr("ABI") = 2;
+  m.attr("ABI") = 3;
   py::class_<WeightCheck>(m, "WeightCheck")
       .def(py::init<py::sequence, std::vector<int64_t>, std::vector<int64_t>, std::vector<uint64_t>>(),
            py::arg("tensors"), py::arg("offsets"), py::arg("sizes"), py::arg("bits"))
       .def("same", &WeightCheck::same, py::arg("picked"))
-      .def("first_change", &WeightCheck::first_change_of, py::arg("picked"));
+      .def("first_change", &WeightCheck::first_change_of, py::arg("picked"))
+      .def("set_registries", &WeightCheck::set_registries, py::arg("dicts"), py::arg("keys"))
+      .def("same_registered", &WeightCheck::same_registered);
 }
