@@ -7,6 +7,10 @@ shared with other work disturbs less than wall time.
 
     python benchmarks/nan_cost.py [model:scenario ...]   (default: the configurations below)
 
+Scenarios ``ortmodule1`` and ``ortmodule8`` time ``lort.ORTModule`` inference instead (batch
+1 / 8, lort's default threads: the direct-inference lane over one frozen ORT session), in
+wall time, with torch's default threads.
+
 Prints markdown rows for benchmarks/nan_semantics.md.
 """
 
@@ -19,7 +23,7 @@ import time
 import torch
 
 import lort
-from lort.capture import decompositions
+from lort.capture import decompositions, export
 from lort.testing.models import CASES, make_torchvision_importable, output_tensor
 
 make_torchvision_importable()
@@ -31,7 +35,18 @@ ROUNDS = 25
 def build(name: str, scenario: str, with_nan: bool, real):
     decompositions.nan_decompositions = real if with_nan else (lambda: {})
     decompositions.table.cache_clear()
+    export.decomposition_table.cache_clear()
     torch._dynamo.reset()
+    if scenario.startswith("ortmodule"):
+        model, args = CASES[name].make(int(scenario[len("ortmodule"):]), seed=0)
+        om = lort.ORTModule(model.eval(), options=lort.Options(executor="ort", disk_cache=False))
+
+        def step():
+            with torch.no_grad():
+                om(*args)
+
+        step()
+        return step, sum(r.ort_nodes for r in om.transition_manager.records)
     model, args = CASES[name].make(1 if scenario == "infer1" else 8, seed=0)
     backend = lort.LortBackend({"executor": "ort", "disk_cache": False, "intra_op_num_threads": 1})
     fn = torch.compile(model, backend=backend)
@@ -54,26 +69,29 @@ def build(name: str, scenario: str, with_nan: bool, real):
 
 
 def main(argv: list[str]) -> None:
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
     real = decompositions.nan_decompositions
     print("| model | run | without ms | with ms | with / without | without min ms | with min ms | ATen nodes in ORT without / with |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for config in argv or DEFAULT:
         name, scenario = config.split(":")
+        wall = scenario.startswith("ortmodule")
+        torch.set_num_threads(threads if wall else 1)
+        clock = time.perf_counter if wall else time.process_time
         off, nodes_off = build(name, scenario, False, real)
         on, nodes_on = build(name, scenario, True, real)
         decompositions.nan_decompositions = real
         decompositions.table.cache_clear()
         for f in (off, on, off, on):
             f()
-        calls = 20 if name == "cnn" and scenario == "infer1" else (4 if scenario == "infer1" else 1)
+        calls = 20 if name == "cnn" and scenario in ("infer1", "ortmodule1") else (4 if scenario == "infer1" else 1)
         times = {"off": [], "on": []}
         for _ in range(ROUNDS):
             for key, f in (("off", off), ("on", on)):
-                t0 = time.process_time()
+                t0 = clock()
                 for _ in range(calls):
                     f()
-                times[key].append((time.process_time() - t0) / calls)
+                times[key].append((clock() - t0) / calls)
         m_off, m_on = statistics.median(times["off"]), statistics.median(times["on"])
         print(
             f"| {name} | {scenario} | {m_off * 1e3:.3f} | {m_on * 1e3:.3f} | {m_on / m_off:.2f} | "

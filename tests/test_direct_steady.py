@@ -1,6 +1,6 @@
 """ORTModule's steady state of direct inference: the transition manager's lane
 (module/direct.py, ``lane``), the group's shortest route (runtime/group.py,
-``steady_run``) and the wrapper's own ``__call__``. Each call that is not the steady one
+``steady_run``, whose weight guard reads the weights from their modules) and the wrapper's own ``__call__``. Each call that is not the steady one
 must leave them for the full path, and every result must match eager PyTorch."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from test_direct_inference import OPTS, _check, _entry, net  # noqa: F401 - net 
 import lort
 from lort.module import direct, io
 from lort.module.direct import _single_group
+from lort.runtime import native
 from lort.runtime.group import OrtGroup
 
 
@@ -77,6 +78,31 @@ def test_a_weight_changed_in_place_is_frozen_again_then_the_route_serves(net, co
     _check(om, model, x)
     _check(om, model, x)
     assert seen == {"flatten": 0, "forward": 0}
+
+
+@pytest.mark.parametrize("cpp", [True, False], ids=["cpp-check", "python-check"])
+def test_the_route_reads_each_weight_from_its_module(net, counts, monkeypatch, cpp):  # noqa: F811
+    """The route's weight guard reads the weights from their modules' registries (in C++
+    where runtime/native.py built it): a registry written directly (as
+    torch.func.functional_call does) and a write behind the version counter are seen on
+    the next call, then the route serves again."""
+    if cpp and native.load() is None:
+        pytest.skip("the C++ check is not built here (python -m lort.runtime.build_native)")
+    if not cpp:
+        monkeypatch.setattr(native, "load", lambda: None)
+    model, x = net
+    om = lort.ORTModule(model, options=OPTS)
+    _check(om, model, x)
+    assert (_group(om)._guard._registered is not None) == cpp
+    model.fc._parameters["weight"] = torch.nn.Parameter(torch.randn_like(model.fc.weight))
+    _check(om, model, x)
+    model.conv.weight.data.mul_(0.5)  # no version bump: the sampled element sees it
+    _check(om, model, x)
+    seen = counts()
+    _check(om, model, x)
+    _check(om, model, x)
+    assert seen == {"flatten": 0, "forward": 0}
+    assert _group(om).refreezes == 2
 
 
 def test_calls_that_differ_leave_the_lane(net):  # noqa: F811

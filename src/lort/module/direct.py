@@ -208,32 +208,21 @@ class DirectRunner:
         """``tensors -> outputs or None``: the group's shortest route
         (runtime/group.py, steady_run), where the group takes every weight the graph reads
         frozen (the graph reads no other: BatchNorm's num_batches_tracked in eval) and
-        only the call's tensors as inputs. Its frozen-weight check (identity, version,
-        data pointer) then covers the runner's own identity and pointer checks."""
-        route, n = group.steady_run(), len(self._weights)
-        if route is None:
+        only the call's tensors as inputs. Its frozen-weight guard reads the weights from
+        their registries (module/watch.py does not see a registry written directly) and
+        checks them (identity, version, data pointer), which covers the runner's own
+        identity and pointer checks."""
+        split, n = group.steady_inputs(), len(self._weights)
+        if split is None:
             return None
-        run, frozen, live = route
-        frozen, live = [picks[j] for j in frozen], [picks[j] for j in live]
+        frozen, live = [picks[j] for j in split[0]], [picks[j] for j in split[1]]
         if not (all(k < n for k in frozen) and all(k >= n for k in live) and set(frozen) >= {k for k in picks if k < n}):
             return None
-        # The frozen weights, read through their registries (module/watch.py does not see
-        # a registry written directly); the graph reads no other.
-        owners, keys, tensors = [self._owners[k] for k in frozen], [self._keys[k] for k in frozen], picker([k - n for k in live])
-        registered = group.steady_run_registered(owners, keys)  # the guard reads the registries itself
-        if registered is not None:
-            def fast(args):
-                outs = registered(tensors(args))
-                return outs if outs is None or select is None else select(outs)
-
-            return fast
+        run = group.steady_run([self._owners[k] for k in frozen], [self._keys[k] for k in frozen])
+        tensors = picker([k - n for k in live])
 
         def steady(args):
-            try:
-                weights = tuple(map(operator.getitem, owners, keys))
-            except KeyError:  # removed: the full path says so
-                return None
-            outs = run(weights, tensors(args))
+            outs = run(tensors(args))
             return outs if outs is None or select is None else select(outs)
 
         return steady

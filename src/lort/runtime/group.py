@@ -161,41 +161,28 @@ class OrtGroup(torch.nn.Module):
         return sess
 
     # -- run ---------------------------------------------------------------------
-    def steady_run(self) -> tuple[Callable[[tuple, tuple], tuple | None], list[int], list[int]] | None:
+    def steady_inputs(self) -> tuple[list[int], list[int]] | None:
         """For a caller that runs this group alone, call after call (ORTModule's direct
-        inference): ``(run, frozen, live)``, where ``run(f, l)`` gives ``forward``'s
-        outputs by the shortest route, the frozen-weight check and the session's run, for
-        the group's inputs at positions ``frozen`` (``f``, the weights its sessions hold)
-        and ``live`` (``l``, the ones ORT takes), or None where that route does not apply
-        to a call (a weight changed, the session was replaced, ORT failed): the caller
-        then calls ``forward``, which handles it. None where the group has no such route
-        (not run in ORT alone, layouts to restore, CUDA, weights not frozen)."""
+        inference): ``(frozen, live)``, the positions of the group's inputs its sessions
+        hold frozen and of the ones ORT takes, for ``steady_run``; None where the group
+        has no such route (not run in ORT alone, layouts to restore, CUDA, weights not
+        frozen)."""
         guard, sess = self._guard, self._frozen_sessions.get(False)
         if (self.options.mode != "ort" or self.executor != Placement.ORT or self._cuda or guard is None
                 or sess is None or not sess.static_outputs
                 or self._any_in_perm or self._any_out_perm or self._any_restride):
             return None
-        where = None if self._identity_where else picker(list(self.compiled.where))
-        same, frozen, run = guard.same_picked, self._frozen_sessions, sess.run
+        return list(guard.indices), list(self._live)
 
-        def steady(f, live):
-            if self._guard is not guard or frozen.get(False) is not sess or not same(f):
-                return None
-            try:
-                outs = run(live)
-            except Exception:  # noqa: BLE001 - forward runs it again and handles the failure
-                return None
-            guard.calls_since_reset += 1
-            return outs if where is None else where(outs)
-
-        return steady, list(guard.indices), list(self._live)
-
-    def steady_run_registered(self, dicts: list[dict], keys: list) -> Callable[[list], tuple | None] | None:
-        """``steady_run``'s route for a caller that reads the frozen weights from their
-        modules (``dicts[i][keys[i]]``, in the order of ``steady_run``'s ``frozen``):
-        ``run(l)``, where the weight guard reads them itself (in C++ where it is built);
-        None where ``steady_run`` is None."""
-        if self.steady_run() is None:
+    def steady_run(self, dicts: list[dict], keys: list) -> Callable[[list], tuple | None] | None:
+        """``run(l)``: ``forward``'s outputs by the shortest route, for the inputs at
+        ``steady_inputs``' ``live`` positions (``l``), the frozen weights read by the
+        weight guard from their modules (``dicts[i][keys[i]]``, in the order of
+        ``steady_inputs``' ``frozen``; in C++ where it is built) and checked, then the
+        session run; or None where that route does not apply to a call (a weight changed
+        or was removed, the session was replaced, ORT failed): the caller then calls
+        ``forward``, which handles it. None where ``steady_inputs`` is None."""
+        if self.steady_inputs() is None:
             return None
         guard, sess = self._guard, self._frozen_sessions.get(False)
         where = None if self._identity_where else picker(list(self.compiled.where))
