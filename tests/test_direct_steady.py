@@ -1,7 +1,8 @@
 """ORTModule's steady state of direct inference: the transition manager's lane
 (module/direct.py, ``lane``), the group's shortest route (runtime/group.py,
-``steady_run``, whose weight guard reads the weights from their modules) and the wrapper's own ``__call__``. Each call that is not the steady one
-must leave them for the full path, and every result must match eager PyTorch."""
+``steady_run``, whose weight guard reads the weights from their modules) and the
+wrapper's own ``__call__``. Each call that is not the steady one must leave them for the
+full path, and every result must match eager PyTorch."""
 
 from __future__ import annotations
 
