@@ -107,10 +107,6 @@ class WeightGuard:
                 self._where.append(where)
                 self._values.append(value)
 
-    def same(self, args) -> bool:
-        """Whether no frozen weight changed (``args``: the group's inputs)."""
-        return self.same_picked(self._pick(args))
-
     def same_picked(self, picked) -> bool:
         """Whether no frozen weight changed (``picked``: the frozen inputs, in order). The
         common case, decided in C++ or by C-level maps."""
