@@ -92,7 +92,6 @@ class WeightGuard:
             self._native = _native_check(self.tensors, self.sample)
             if self._native is None and self.sample:
                 self._take_samples(tensors)
-        self._native_same = None if self._native is None else self._native.same
         self._registered = None
         if self._registries is not None:
             self._register()
@@ -110,8 +109,8 @@ class WeightGuard:
     def same_picked(self, picked) -> bool:
         """Whether no frozen weight changed (``picked``: the frozen inputs, in order). The
         common case, decided in C++ or by C-level maps."""
-        if self._native_same is not None:
-            return self._native_same(picked)
+        if self._native is not None:
+            return self._native.same(picked)
         return (
             all(map(operator.is_, picked, self.tensors))
             and list(map(_VERSION, picked)) == self.versions
