@@ -132,15 +132,16 @@ class DirectRunner:
     def matches(self, tensors: list[torch.Tensor]) -> bool:
         return shape_key(tensors) == self.shapes
 
-    def run(self, tensors: list[torch.Tensor], epoch: int):
+    def run(self, tensors: list[torch.Tensor], epoch: int, steady_tried: bool = False):
         """The module's output; ``epoch`` counts the changes the transition manager saw
-        in the module tree (attributes set, replaced or deleted)."""
+        in the module tree (attributes set, replaced or deleted). ``steady_tried``: the
+        caller (the lane) already tried the settled route for this call, which declined."""
         if epoch != self.epoch:
             self._replaced()
             self.epoch = epoch
         if self._held and not same_snapshot(self._held_values, [tuple(d.values()) for d in self._held_dicts]):
             raise Stale(self._held_change())
-        if self._steady is not None:
+        if self._steady is not None and not steady_tried:
             outs = self._steady(tensors)
             if outs is not None:
                 return self.output(outs)
@@ -284,14 +285,16 @@ def lane(entry, runner: DirectRunner, tensors: list, grad: bool, state: int, tre
         if (is_grad_enabled() != grad or entry.runner is not runner or entry.eager or _any_autocast()
                 or token() != state or not same_tensors(args)):
             return MISS
+        tried = False
         if shortcut and tree.epoch == runner.epoch:
             steady = runner._steady
-            outs = None if steady is None else steady(args)
-            if outs is not None:
-                entry.calls += 1
-                return output(outs)
+            if steady is not None:
+                outs, tried = steady(args), True
+                if outs is not None:
+                    entry.calls += 1
+                    return output(outs)
         try:
-            out = run(args, tree.epoch)
+            out = run(args, tree.epoch, tried)  # (a declined route is not tried twice)
         except Stale:
             return MISS
         entry.calls += 1
