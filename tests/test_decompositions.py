@@ -133,3 +133,43 @@ def test_max_pool_fix_after_a_relu_is_one_convolution(before, convolutions):
     (nan_relu_max_pool2d*) checks both forms' results against eager."""
     gm = _traced_max_pool(before)
     assert _count(gm, aten.convolution.default) == convolutions, gm.code
+
+
+def _magnitudes() -> torch.Tensor:
+    """(1, 16, 12, 12) float32 after a ReLU's worth of values: zeros, subnormals, the
+    smallest normal, values from 1e-30 to the largest float32, +inf and NaN, in random
+    places, so windows mix magnitudes 1e60 apart."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 16, 12, 12).abs() * torch.pow(10.0, torch.randint(-30, 39, (1, 16, 12, 12)).double()).float()
+    flat = x.view(-1)
+    specials = [0.0, 1e-45, 1e-40, torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max,
+                float("inf"), float("nan")]
+    places = torch.randperm(flat.numel())[: 8 * len(specials)]
+    for i, p in enumerate(places.tolist()):
+        flat[p] = specials[i % len(specials)]
+    return x
+
+
+@pytest.mark.parametrize("kernel, stride, padding", [(2, 2, 0), (3, 2, 1), (3, 1, 1)])
+def test_max_pool_after_a_relu_is_exactly_eagers(kernel, stride, padding):
+    """The correction after a ReLU adds a tiny multiple of the window's sum to ORT's
+    pooled maximum (decompositions._WINDOW_WEIGHT): that must round back to the maximum
+    bit for bit, on windows mixing subnormals with the largest float32, and be +inf with
+    +inf and NaN with a NaN, as eager's max_pool2d."""
+    from lort.backend import LortBackend
+
+    def fn(x):
+        return torch.nn.functional.max_pool2d(torch.relu(x), kernel, stride, padding)
+
+    x = _magnitudes()
+    backend = LortBackend({"executor": "ort", "disk_cache": False, "progress": False})
+    with torch.no_grad():
+        got = torch.compile(fn, backend=backend)(x)
+        want = fn(x)
+    assert got.isnan().any() and got.isinf().any() and (got == torch.finfo(torch.float32).max).any()
+    assert torch.equal(got.isnan(), want.isnan())
+    same = ~want.isnan()
+    assert torch.equal(got[same], want[same]), (got[same] - want[same]).abs().max()
+    (record,) = backend.records
+    assert record.torch_nodes == 0
+    assert _count(record.graph_module, aten.convolution.default) == 1, record.graph_module.code

@@ -276,6 +276,19 @@ def _number_at_least_0(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
 
 
+# The correction after a ReLU: w times the window's sum, for x >= 0 or NaN (a ReLU's
+# output). With the pooled maximum m and k elements in the window, it is at most k * w * m
+# (products and their sum rounded: (1 + 2**-23) times that at most), below half an ulp of
+# any normal m for k < 2**30, so m plus it rounds to m; for a subnormal m every product
+# rounds to 0; it is 0 where m is 0. It is +inf where the window has +inf (m is +inf too:
+# inf + inf) and NaN where it has a NaN. w is a normal float32, so flushing subnormals
+# (torch.set_flush_denormal, an ORT session's denormal-as-zero) does not make it 0, which
+# would turn +inf windows into NaN (0 * inf). As one linear convolution ORT folds the add
+# of it to the pooled values into the convolution (its sum input), where a Relu after it
+# (relu(-sum)) kept a separate Add.
+_WINDOW_WEIGHT = 2.0**-60
+
+
 def _window_fix(op, nd, x, nan, kernel_size, stride, padding, dilation, ceil_mode):
     """What to add to ORT's max-pooled values to make them PyTorch's: NaN where the
     window has a NaN (ORT skips it), -inf where every element is -inf (ORT gives the
@@ -283,24 +296,20 @@ def _window_fix(op, nd, x, nan, kernel_size, stride, padding, dilation, ceil_mod
 
     In float32 inference graphs it is built of depthwise convolutions and Relu, which ORT
     keeps in its blocked (NCHWc) layout between convolutions (a select took the pooled
-    values out of it and back: cnn at batch 1, 0.14 against 0.07 ms). With M the largest
-    float32: v = relu(x / 2 + M) is 0 only for -inf, at least M / 2 for any other number,
-    NaN for NaN; s, its sum over the window, is 0 only where all of it is -inf; r =
-    relu(1 - s) is 1 there, 0 elsewhere, NaN for NaN; -M * r added to the pooled -M
-    overflows to -inf. Where ``x`` is a ReLU's output (``_never_negative``), no window is
-    -inf only and the fix is relu of minus the window's sum: one convolution at the
-    pooled size instead of a pass over ``x``. Elsewhere (training graphs, whose weights
-    are inputs anyway and where these would add gradients; other dtypes, ranks,
-    ceil_mode): selects over the max-pooled masks."""
+    values out of it and back). With M the largest float32: v = relu(x / 2 + M) is 0 only
+    for -inf, at least M / 2 for any other number, NaN for NaN; s, its sum over the
+    window, is 0 only where all of it is -inf; r = relu(1 - s) is 1 there, 0 elsewhere,
+    NaN for NaN; -M * r added to the pooled -M overflows to -inf. Where ``x`` is a ReLU's
+    output (``_never_negative``) it is one linear convolution (``_WINDOW_WEIGHT``), which
+    ORT folds with the add into a single convolution whose sum input is the pooled
+    values. Elsewhere (training graphs, whose weights are inputs anyway and where these
+    would add gradients; other dtypes, ranks, ceil_mode): selects over the max-pooled
+    masks."""
     if nd == 2 and x.dim() == 4 and not ceil_mode and x.dtype == torch.float32 and not x.requires_grad:
         big = float(torch.finfo(torch.float32).max)
         kernel = _pair(kernel_size)
         if _never_negative(x):
-            # x >= 0 or NaN (a ReLU's output): no window is -inf only, and minus the
-            # window's sum is <= 0 (-inf for +inf) or NaN, so its relu is 0 or NaN. One
-            # convolution at the pooled size instead of the full-size pass below.
-            s = _depthwise(x, -1.0, None, kernel, _pair(stride, kernel), _pair(padding), _pair(dilation))
-            return aten.relu.default(s)
+            return _depthwise(x, _WINDOW_WEIGHT, None, kernel, _pair(stride, kernel), _pair(padding), _pair(dilation))
         v = aten.relu.default(_depthwise(x, 0.5, big))
         s = _depthwise(v, 1.0, None, kernel, _pair(stride, kernel), _pair(padding), _pair(dilation))
         r = aten.relu.default(_depthwise(s, -1.0, 1.0))
