@@ -16,7 +16,8 @@ group's frozen session and its weight guard. Timed round-robin, ``--rounds`` rou
 The check is timed alone, once per round after a session run (cold: the run's data
 evicted the weights' tensor objects from the caches) and once more right after (hot):
 lort's C++ check (runtime/weight_check.cpp, what ORTModule ran where it is built) and
-the Python one over the same tensors, the latter split into its parts: identity,
+the Python one over the same tensors, both reading each weight from its module's
+registry as ORTModule's route does; the Python one also split into its parts: identity,
 version counter and data pointer of each frozen tensor (freeze=True checks only these),
 and the sampled element of each (freeze="auto", the default, adds it: it sees writes
 through ``p.data``).
@@ -83,10 +84,13 @@ def measure(name: str, batch: int, rounds: int, calls: int) -> dict | str:
         whole = whole_ort_step(model, args)
         if isinstance(whole, str):
             return whole
+        if guard._registries is None:
+            return "the route did not register the weights' registries"
         py = _python_guard(guard)
+        py.register(*guard._registries)
         parts = {
-            "C++": guard._native.same if guard._native is not None else None,
-            "Python": lambda: py.same_picked(weights),
+            "C++": guard.registered_check,
+            "Python": py.same_registered,
             "ids, versions, pointers": lambda: (all(map(operator.is_, weights, py.tensors))
                                                 and list(map(_VERSION, weights)) == py.versions
                                                 and list(map(_DATA_PTR, weights)) == py.ptrs),
@@ -94,8 +98,6 @@ def measure(name: str, batch: int, rounds: int, calls: int) -> dict | str:
         }
         if parts["C++"] is None:
             del parts["C++"]
-        else:
-            parts["C++"] = lambda check=parts["C++"]: check(weights)
         steps = {"session": lambda: sess.run(live), "ORTModule": lambda: om(*args), "whole ORT": whole}
         times = {k: [] for k in steps}
         cold = {k: [] for k in parts}

@@ -94,7 +94,7 @@ def test_the_route_reads_each_weight_from_its_module(net, counts, monkeypatch, c
     model, x = net
     om = lort.ORTModule(model, options=OPTS)
     _check(om, model, x)
-    assert (_group(om)._guard._registered is not None) == cpp
+    assert (_group(om)._guard.registered_check is not None) == cpp
     model.fc._parameters["weight"] = torch.nn.Parameter(torch.randn_like(model.fc.weight))
     _check(om, model, x)
     model.conv.weight.data.mul_(0.5)  # no version bump: the sampled element sees it

@@ -234,6 +234,33 @@ def test_the_registered_check_reads_each_weight_where_its_module_holds_it(check)
             fresh.same_registered()
 
 
+def test_the_registered_check_follows_a_registry_rebuilt(check):
+    """The C++ check looks a key up at its last place in the dict's entry table: a dict
+    rebuilt (entries deleted, then enough inserted to resize it, which moves every
+    entry), a key removed and inserted again, or inserted as another (equal) string
+    object, is found again, and the answer stays the registry's."""
+    torch.manual_seed(0)
+    w, v = torch.randn(3), torch.randn(4)
+    reg = {"first": torch.randn(1), "".join(["wei", "ght"]): w, "other": v}
+    guard = _guard([w, v], check)
+    same = guard.register([reg, reg], ["weight", "other"])
+    assert same()
+    del reg["first"]
+    for k in range(40):  # resizes: the entries move
+        reg[f"k{k}"] = torch.zeros(1)
+    assert same() and same()
+    del reg["weight"]
+    assert not same()
+    reg["".join(["wei", "ght"])] = w  # an equal key, another object, at the end
+    assert same() and same()
+    reg["weight"] = torch.randn(3)  # replaced
+    assert not same()
+    reg["weight"] = w
+    assert same()
+    v.add_(1)
+    assert not same()
+
+
 def test_a_registry_that_is_no_plain_dict_is_read_in_python(check):
     class Registry(dict):
         def __getitem__(self, key):
@@ -242,6 +269,6 @@ def test_a_registry_that_is_no_plain_dict_is_read_in_python(check):
     t = torch.randn(3)
     guard = _guard([t], check)
     same = guard.register([Registry(w=t)], ["w"])
-    assert guard._registered is None and same()
+    assert guard.registered_check is None and same()
     t.add_(1)
     assert not same()

@@ -99,8 +99,10 @@ class DirectRunner:
         #: the module itself (nothing of the graph's to check).
         self.runs_eager = False
         self.shapes = shapes
-        #: The module's output from the graph's output tensors.
-        self.output = (lambda outs: outs[0]) if out_spec[0] == "tensor" else (lambda outs: io.unflatten(out_spec, outs))
+        #: The module's output from the graph's output tensors; ``single``: it is the one
+        #: output tensor itself.
+        self.single = out_spec[0] == "tensor"
+        self.output = (lambda outs: outs[0]) if self.single else (lambda outs: io.unflatten(out_spec, outs))
         self._weights = [exported.example_inputs[i] for i in sorted(exported.weights)]
         self._weight_names = [exported.weights[i][0] for i in sorted(exported.weights)]
         # Where each weight is read on every call: its module's parameter or buffer dict,
@@ -199,13 +201,13 @@ class DirectRunner:
         def call(weights, tensors):
             outs = forward(*pick((*weights, *tensors)))
             if self._steady is not None:  # the group's route as it is now (weights frozen again)
-                self._steady = self._route(group, picks, select)
+                self._steady = self._route(group, picks, out_index)
             return outs if select is None else select(outs)
 
         self._call = call
-        self._steady = self._route(group, picks, select)
+        self._steady = self._route(group, picks, out_index)
 
-    def _route(self, group, picks: list[int], select) -> Callable | None:
+    def _route(self, group, picks: list[int], out_index: list[int] | None) -> Callable | None:
         """``tensors -> outputs or None``: the group's shortest route
         (runtime/group.py, steady_run), where the group takes every weight the graph reads
         frozen (the graph reads no other: BatchNorm's num_batches_tracked in eval) and
@@ -219,14 +221,8 @@ class DirectRunner:
         frozen, live = [picks[j] for j in split[0]], [picks[j] for j in split[1]]
         if not (all(k < n for k in frozen) and all(k >= n for k in live) and set(frozen) >= {k for k in picks if k < n}):
             return None
-        run = group.steady_run([self._owners[k] for k in frozen], [self._keys[k] for k in frozen])
-        tensors = picker([k - n for k in live])
-
-        def steady(args):
-            outs = run(tensors(args))
-            return outs if outs is None or select is None else select(outs)
-
-        return steady
+        return group.steady_run([self._owners[k] for k in frozen], [self._keys[k] for k in frozen],
+                                [k - n for k in live], out_index)
 
     def _weights_replaced(self, current: list[torch.Tensor]) -> None:
         """Weights replaced in their registries: the call runs on the new ones (the
@@ -279,7 +275,7 @@ def lane(entry, runner: DirectRunner, tensors: list, grad: bool, state: int, tre
     token, run, is_grad_enabled = tree.token, runner.run, torch.is_grad_enabled
     # The runner's settled route, taken here where run() would take it first (nothing
     # replaced in the module tree since, no held objects whose attributes it compares).
-    shortcut, output = not runner._held, runner.output
+    shortcut, output, single = not runner._held, runner.output, runner.single
 
     def call(args):
         if (is_grad_enabled() != grad or entry.runner is not runner or entry.eager or _any_autocast()
@@ -292,7 +288,7 @@ def lane(entry, runner: DirectRunner, tensors: list, grad: bool, state: int, tre
                 outs, tried = steady(args), True
                 if outs is not None:
                     entry.calls += 1
-                    return output(outs)
+                    return outs[0] if single else output(outs)
         try:
             out = run(args, tree.epoch, tried)  # (a declined route is not tried twice)
         except Stale:

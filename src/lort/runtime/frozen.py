@@ -92,7 +92,9 @@ class WeightGuard:
             self._native = _native_check(self.tensors, self.sample)
             if self._native is None and self.sample:
                 self._take_samples(tensors)
-        self._registered = None
+        #: ``same_registered``'s C++ check, to call without a Python frame, or None (the
+        #: registries are not set, or are checked in Python).
+        self.registered_check: Callable[[], bool] | None = None
         if self._registries is not None:
             self._register()
 
@@ -128,19 +130,19 @@ class WeightGuard:
 
     def _register(self) -> None:
         dicts, keys = self._registries
-        self._registered = None
+        self.registered_check = None
         if self._native is not None:
             try:
                 self._native.set_registries(dicts, keys)
-                self._registered = self._native.same_registered
+                self.registered_check = self._native.same_registered
             except ValueError:  # a registry that is no plain dict: read in Python
                 pass
 
     def same_registered(self) -> bool:
         """Whether each registry still holds its frozen weight, unchanged (False where
         one lost it: the caller's full path says so)."""
-        if self._registered is not None:
-            return self._registered()
+        if self.registered_check is not None:
+            return self.registered_check()
         try:
             return self.same_picked(tuple(map(operator.getitem, *self._registries)))
         except KeyError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -174,29 +174,38 @@ class OrtGroup(torch.nn.Module):
             return None
         return list(guard.indices), list(self._live)
 
-    def steady_run(self, dicts: list[dict], keys: list) -> Callable[[list], tuple | None] | None:
-        """``run(l)``: ``forward``'s outputs by the shortest route, for the inputs at
-        ``steady_inputs``' ``live`` positions (``l``), the frozen weights read by the
-        weight guard from their modules (``dicts[i][keys[i]]``, in the order of
-        ``steady_inputs``' ``frozen``; in C++ where it is built) and checked, then the
-        session run; or None where that route does not apply to a call (a weight changed
-        or was removed, the session was replaced, ORT failed): the caller then calls
+    def steady_run(self, dicts: list[dict], keys: list, live_at: list[int],
+                   outputs: list[int] | None = None) -> Callable[[Sequence], list | None] | None:
+        """``run(args)``: ``forward``'s outputs by the shortest route, for a caller whose
+        ``args[live_at[k]]`` is the group's input at ``steady_inputs``' ``live[k]``, the
+        frozen weights read by the weight guard from their modules (``dicts[i][keys[i]]``,
+        in the order of ``steady_inputs``' ``frozen``; in C++ where it is built) and
+        checked, then the session run; ``outputs``: which of the group's outputs it gives
+        (None: all). None where that route does not apply to a call (a weight changed or
+        was removed, the session was replaced, ORT failed): the caller then calls
         ``forward``, which handles it. None where ``steady_inputs`` is None."""
         if self.steady_inputs() is None:
             return None
         guard, sess = self._guard, self._frozen_sessions.get(False)
-        where = None if self._identity_where else picker(list(self.compiled.where))
-        same, frozen, run = guard.register(dicts, keys), self._frozen_sessions, sess.run
+        taken = list(range(len(self.compiled.where))) if outputs is None else list(outputs)
+        where = [self.compiled.where[j] for j in taken]  # session output of each output given
+        select = None if where == list(range(len(sess.output_names))) else picker(where)
+        guard.register(dicts, keys)
+        frozen, run = self._frozen_sessions, sess.run
+        one = live_at[0] if len(live_at) == 1 else None
+        pick = None if one is not None else picker(live_at)
 
-        def steady(live):
-            if self._guard is not guard or frozen.get(False) is not sess or not same():
+        def steady(args):
+            same = guard.registered_check  # reset() may replace it
+            if (self._guard is not guard or frozen.get(False) is not sess
+                    or not (same() if same is not None else guard.same_registered())):
                 return None
             try:
-                outs = run(live)
+                outs = run([args[one]] if pick is None else pick(args))
             except Exception:  # noqa: BLE001 - forward runs it again and handles the failure
                 return None
             guard.calls_since_reset += 1
-            return outs if where is None else where(outs)
+            return outs if select is None else select(outs)
 
         return steady
 

@@ -29,7 +29,7 @@ ENV_NATIVE_DIR = "LORT_NATIVE_DIR"
 NAME = "lort_weight_check"
 SOURCE = Path(__file__).with_name("weight_check.cpp")
 #: The module's ABI attribute this Python side expects.
-ABI = 3
+ABI = 4
 
 _loaded: dict[str, ModuleType | None] = {}
 

@@ -63,27 +63,40 @@ class WeightCheck {
   }
 
   // Where each tensor is read from on a call (``same_registered``): ``dicts[i][keys[i]]``
-  // (a module's ``_parameters`` or ``_buffers``).
+  // (a module's ``_parameters`` or ``_buffers``). Each key's entry is found now, and its
+  // place in the dict's entry table kept with the dict's own key object.
   void set_registries(py::list dicts, py::list keys) {
     const size_t n = objects_.size();
     if (py::len(dicts) != n || py::len(keys) != n) {
       throw std::invalid_argument("one registry (dict, key) per tensor");
     }
-    std::vector<py::object> d, k;
     for (size_t i = 0; i < n; i++) {
       if (!PyDict_CheckExact(dicts[i].ptr())) {
         throw std::invalid_argument("a registry that is not a dict");
       }
-      d.push_back(dicts[i]);
-      k.push_back(keys[i]);
     }
-    dicts_ = std::move(d);
-    keys_ = std::move(k);
+    dicts_.clear();
+    keys_.clear();
+    for (size_t i = 0; i < n; i++) {
+      dicts_.push_back(dicts[i]);
+      keys_.push_back(keys[i]);
+    }
+    places_.assign(n, -1);
     registered_.resize(n);
+    for (size_t i = 0; i < n; i++) {
+      if (locate(i) == nullptr && PyErr_Occurred()) {
+        throw py::error_already_set();
+      }
+    }
   }
 
   // Whether each registry still holds its frozen tensor, unchanged (false where a key is
-  // missing: the caller's full path says so).
+  // missing: the caller's full path says so). Each key is first looked for at its place
+  // in the dict's entry table, without hashing (PyDict_Next from there gives the first
+  // entry at or after it that is not deleted): the entry holding the dict's key object
+  // is that key's only entry, so its value is ``dicts[i][keys[i]]``. Where the place
+  // holds another entry (the dict was rebuilt, the key removed or inserted again), the
+  // key is found again by a scan of the dict.
   bool same_registered() {
     const size_t n = objects_.size();
     if (dicts_.size() != n) {
@@ -93,10 +106,17 @@ class WeightCheck {
       __builtin_prefetch(dicts_[i].ptr());
     }
     for (size_t i = 0; i < n; i++) {
-      PyObject* value = PyDict_GetItemWithError(dicts_[i].ptr(), keys_[i].ptr());  // borrowed
-      if (value == nullptr) {
-        PyErr_Clear();
-        return false;
+      __builtin_prefetch(reinterpret_cast<PyDictObject*>(dicts_[i].ptr())->ma_keys);
+    }
+    for (size_t i = 0; i < n; i++) {
+      Py_ssize_t pos = places_[i];
+      PyObject *key, *value;  // borrowed
+      if (pos < 0 || !PyDict_Next(dicts_[i].ptr(), &pos, &key, &value) || key != keys_[i].ptr()) {
+        value = locate(i);
+        if (value == nullptr) {
+          PyErr_Clear();
+          return false;
+        }
       }
       registered_[i] = value;
     }
@@ -149,6 +169,7 @@ class WeightCheck {
         return static_cast<int64_t>(i);
       }
       __builtin_prefetch(impl->unsafe_storage().unsafeGetStorageImpl());
+      __builtin_prefetch(counter(impl));
     }
     for (size_t i = 0; i < n; i++) {
       c10::TensorImpl* impl = impls_[i];
@@ -184,7 +205,37 @@ class WeightCheck {
   std::vector<Sample> samples_;
   std::vector<c10::TensorImpl*> impls_;  // scratch for one check
   PyObject* none_ = nullptr;              // the items of an empty selection
-  std::vector<py::object> dicts_, keys_;  // set_registries
+  // The value of ``keys_[i]`` in ``dicts_[i]`` (borrowed), found by a scan of the dict,
+  // whose place and key object are kept for the next call; nullptr where the dict does
+  // not hold the key (or, with a Python error set, where comparing keys raised).
+  PyObject* locate(size_t i) {
+    PyObject* dict = dicts_[i].ptr();
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(dict, &pos, &key, &value)) {
+      int equal = key == keys_[i].ptr() ? 1 : PyObject_RichCompareBool(key, keys_[i].ptr(), Py_EQ);
+      if (equal < 0) {
+        return nullptr;
+      }
+      if (equal) {
+        places_[i] = pos - 1;
+        keys_[i] = py::reinterpret_borrow<py::object>(key);
+        return value;
+      }
+    }
+    places_[i] = -1;
+    return nullptr;
+  }
+
+  // The version counter's shared state (VariableVersion holds one intrusive_ptr to it),
+  // to prefetch.
+  static const void* counter(const c10::TensorImpl* impl) {
+    static_assert(sizeof(c10::VariableVersion) == sizeof(void*), "VariableVersion is one pointer");
+    return *reinterpret_cast<const void* const*>(&impl->version_counter());
+  }
+
+  std::vector<py::object> dicts_, keys_;  // set_registries (keys_: the dicts' own key objects)
+  std::vector<Py_ssize_t> places_;        // each key's place in its dict's entry table, or -1
   std::vector<PyObject*> registered_;     // scratch for same_registered (borrowed)
 };
 
@@ -192,7 +243,7 @@ class WeightCheck {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "lort's frozen-weight check (runtime/frozen.py)";
-  m.attr("ABI") = 3;
+  m.attr("ABI") = 4;
   py::class_<WeightCheck>(m, "WeightCheck")
       .def(py::init<py::sequence, std::vector<int64_t>, std::vector<int64_t>, std::vector<uint64_t>>(),
            py::arg("tensors"), py::arg("offsets"), py::arg("sizes"), py::arg("bits"))
