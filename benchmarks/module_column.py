@@ -22,22 +22,28 @@ HEADER_CELLS = " ORTModule ms | ORTModule vs eager | ORTModule vs inductor | ORT
 HEADER_RULE = "---:|---:|---:|---:|"
 
 
-def module_step(model: torch.nn.Module, args: tuple):
-    """A step calling ``lort.ORTModule`` over a copy of ``model`` under no_grad."""
+def module_step(model: torch.nn.Module, args: tuple, per_call: bool = True):
+    """A step calling ``lort.ORTModule`` over a copy of ``model`` under no_grad, entered
+    on each call (``per_call``) or by the caller around the measurement."""
     om = lort.ORTModule(copy.deepcopy(model))
 
     def step():
         with torch.no_grad():
             return om(*args)
 
+    if not per_call:
+        def step():  # noqa: F811 - the caller holds no_grad
+            return om(*args)
+
     step.module = om
     return step
 
 
-def add_module_step(steps: dict, firsts: dict, model: torch.nn.Module, args: tuple, sync=lambda: None) -> None:
+def add_module_step(steps: dict, firsts: dict, model: torch.nn.Module, args: tuple, sync=lambda: None,
+                    per_call: bool = True) -> None:
     """Add ORTModule's step to ``steps`` and its first call (export, compile, first run)
     to ``firsts``."""
-    step = module_step(model, args)
+    step = module_step(model, args, per_call)
     sync()
     t0 = time.perf_counter()
     step()

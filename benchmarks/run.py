@@ -46,7 +46,9 @@ import lort  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cuda_common  # noqa: E402
+import timing  # noqa: E402
 from module_column import HEADER_CELLS, HEADER_RULE, MODULE, add_module_step, module_cells, module_summary, module_where  # noqa: E402,E501
+from timing import grad_mode, timed_interleaved  # noqa: E402,F401 - timed_interleaved: other scripts import it from here
 from whole_ort import WHOLE, WHOLE_TEXT, whole_cells, whole_notes, whole_ort_step, whole_summary  # noqa: E402
 
 SCENARIOS = {"infer1": ("inference", 1), "infer8": ("inference", 8), "train": ("train", 8)}
@@ -64,38 +66,6 @@ def scenarios_for(device: str) -> dict:
 
 def _no_sync() -> None:
     pass
-
-
-def timed_interleaved(fns: dict, min_time=1.0, repeats=11, settle_s=0.0, sync=_no_sync) -> dict:
-    """Median seconds per call of each function, sampled round-robin (A B C A B C ...)
-    so that drift in the machine's speed affects every backend alike. Each sample is the
-    mean over enough calls to last about min_time / repeats. ``settle_s``: a pause after
-    each sample, untimed, so that threads still spinning after one function (ORT with
-    allow_spinning) do not slow the next. ``sync`` is called before and after each
-    timed region (torch.cuda.synchronize on CUDA: the calls only queue work there)."""
-    inner = {}
-    for name, fn in fns.items():
-        for _ in range(3):
-            fn()
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        one = max(time.perf_counter() - t0, 1e-6)
-        inner[name] = max(1, int(min_time / repeats / one))
-    samples = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            n = inner[name]
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            sync()
-            samples[name].append((time.perf_counter() - t0) / n)
-            if settle_s:
-                time.sleep(settle_s)
-    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def model_and_args(name, scenario, device="cpu"):
@@ -139,10 +109,13 @@ def make_runner(name, scenario, backend, device="cpu"):
     else:
         fn_backend = lort.LortBackend()
         fn = torch.compile(model, backend=fn_backend)
-    if kind == "inference":
+    if kind == "inference" and timing.PER_CALL_NO_GRAD:
         def step():
             with torch.no_grad():
                 return fn(*args)
+    elif kind == "inference":  # called under run()'s no_grad
+        def step():
+            return fn(*args)
     else:
         params = [p for p in model.parameters() if p.requires_grad]
 
@@ -162,18 +135,19 @@ def run(models, scenarios, min_time):
         for scenario in scenarios:
             torch._dynamo.reset()
             steps, firsts = {}, {}
-            # lort's first call times its graph against eager (executor="auto"): it is
-            # made before inductor's, whose compile workers may still be busy after it.
-            for backend in ("eager", "lort", "inductor"):
-                step = make_runner(name, scenario, backend)
-                t0 = time.perf_counter()
-                step()
-                firsts[backend] = time.perf_counter() - t0
-                steps[backend] = step
-            whole = add_whole(name, scenario, steps)
-            if SCENARIOS[scenario][0] == "inference":
-                add_module_step(steps, firsts, *model_and_args(name, scenario)[1:])
-            times = timed_interleaved(steps, min_time * len(steps))
+            with grad_mode(SCENARIOS, scenario):
+                # lort's first call times its graph against eager (executor="auto"): it is
+                # made before inductor's, whose compile workers may still be busy after it.
+                for backend in ("eager", "lort", "inductor"):
+                    step = make_runner(name, scenario, backend)
+                    t0 = time.perf_counter()
+                    step()
+                    firsts[backend] = time.perf_counter() - t0
+                    steps[backend] = step
+                whole = add_whole(name, scenario, steps)
+                if SCENARIOS[scenario][0] == "inference":
+                    add_module_step(steps, firsts, *model_and_args(name, scenario)[1:], per_call=timing.PER_CALL_NO_GRAD)
+                times = timed_interleaved(steps, min_time * len(steps))
             where = where_lort_ran(steps["lort"])
             if MODULE in steps:
                 where += f"; ORTModule {module_where(steps[MODULE])}"
@@ -194,33 +168,36 @@ def run_cuda(models, scenarios, min_time, on_row, profile=False):
         for scenario in scenarios:
             torch._dynamo.reset()
             steps, firsts, errors = {}, {}, {}
-            for backend in ("eager", "lort", "inductor"):
+            with grad_mode(CUDA_SCENARIOS, scenario):
+                for backend in ("eager", "lort", "inductor"):
+                    try:
+                        step = make_runner(name, scenario, backend, "cuda")
+                        sync()
+                        t0 = time.perf_counter()
+                        step()
+                        sync()
+                        firsts[backend] = time.perf_counter() - t0
+                        steps[backend] = step
+                    except Exception as e:  # noqa: BLE001 - reported in the table
+                        errors[backend] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+                        print(f"{name} {scenario} {backend} failed: {errors[backend]}", flush=True)
+                whole = add_whole(name, scenario, steps, "cuda", sync)
+                if CUDA_SCENARIOS[scenario][0] == "inference":
+                    add_module_step(steps, firsts, *model_and_args(name, scenario, "cuda")[1:], sync,
+                                    per_call=timing.PER_CALL_NO_GRAD)
                 try:
-                    step = make_runner(name, scenario, backend, "cuda")
-                    sync()
-                    t0 = time.perf_counter()
-                    step()
-                    sync()
-                    firsts[backend] = time.perf_counter() - t0
-                    steps[backend] = step
+                    times = timed_interleaved(steps, min_time * len(steps), sync=sync) if steps else {}
                 except Exception as e:  # noqa: BLE001 - reported in the table
-                    errors[backend] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
-                    print(f"{name} {scenario} {backend} failed: {errors[backend]}", flush=True)
-            whole = add_whole(name, scenario, steps, "cuda", sync)
-            if CUDA_SCENARIOS[scenario][0] == "inference":
-                add_module_step(steps, firsts, *model_and_args(name, scenario, "cuda")[1:], sync)
-            try:
-                times = timed_interleaved(steps, min_time * len(steps), sync=sync) if steps else {}
-            except Exception as e:  # noqa: BLE001 - reported in the table
-                times, errors["timing"] = {}, f"{type(e).__name__}: {str(e).strip()[:200]}"
-                print(f"{name} {scenario} timing failed: {errors['timing']}", flush=True)
+                    times, errors["timing"] = {}, f"{type(e).__name__}: {str(e).strip()[:200]}"
+                    print(f"{name} {scenario} timing failed: {errors['timing']}", flush=True)
+                profiles = {b: cuda_common.kernel_profile(step) for b, step in steps.items()} if profile else None
             row = dict(
                 model=name, scenario=scenario, times=times, firsts=firsts, errors=errors,
                 where=where_lort_ran(steps["lort"]) if "lort" in steps else "failed",
                 peak_mib=torch.cuda.max_memory_reserved() / 2**20, whole=whole,
             )
             if profile:
-                row["profile"] = {b: cuda_common.kernel_profile(step) for b, step in steps.items()}
+                row["profile"] = profiles
             rows.append(row)
             print(format_row(row), flush=True)
             on_row(row)
@@ -294,7 +271,8 @@ def cuda_report(rows: list, runs: int) -> str:
         "Times are the median of 11 samples per backend, taken round-robin across the backends; each sample is",
         "torch.cuda.synchronize(), n calls, torch.cuda.synchronize(), wall clock divided by n. Ratios are",
         "speed-ups (eager time / lort time, inductor time / lort time): above 1 means lort is faster.",
-        "infer1/infer32: inference under no_grad at batch 1 / 32; train32: forward + backward of",
+        "infer1/infer32: inference at batch 1 / 32 under torch.no_grad(), entered "
+        + ("on each call" if timing.PER_CALL_NO_GRAD else "once around each measurement") + "; train32: forward + backward of",
         "`output.float().pow(2).mean()` at batch 32 (no optimizer step). lort runs with its defaults",
         "(executor='auto'). First call: capture + compile + first run, in seconds, in this process.",
         "Models: lort.testing.models.CUDA_CASES (random weights; BERT and GPT-2 6 layers of 768, Llama-style",
@@ -382,7 +360,10 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="default: benchmarks/results.md (cuda: results_cuda.md)")
     ap.add_argument("--json", default=None, help="cuda: keep rows in this file and merge earlier runs' rows")
     ap.add_argument("--profile", action="store_true", help="cuda: also profile where each step's GPU time goes")
+    ap.add_argument("--no-grad-per-call", action="store_true",
+                    help="inference steps enter torch.no_grad() on each call (default: one no_grad per scenario)")
     a = ap.parse_args(argv)
+    timing.PER_CALL_NO_GRAD = a.no_grad_per_call
     if a.device == "cuda":
         return main_cuda(ap, a)
     if a.json:
@@ -410,7 +391,10 @@ def main(argv=None):
         "Times are the median of 11 samples per backend, taken round-robin across the backends",
         "(each sample a mean over repeated calls); ratios are speed-ups",
         "(eager time / lort time, inductor time / lort time): above 1 means lort is faster.",
-        "infer1/infer8: inference under no_grad at batch 1 / 8; train: forward + backward at batch 8.",
+        "infer1/infer8: inference at batch 1 / 8 under torch.no_grad(), "
+        + ("entered on each call;" if timing.PER_CALL_NO_GRAD
+           else "entered once around each measurement, not per call (the whole-model ORT step has none);"),
+        "train: forward + backward at batch 8.",
         "First call: capture + compile + first run, in seconds, in this process, each backend with its on-disk",
         "cache as this machine had it (inductor's is often warm from earlier runs); benchmarks/first_call.py",
         "compares cold and warm first calls in fresh processes.",
