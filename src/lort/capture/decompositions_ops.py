@@ -113,8 +113,26 @@ def table(previous: dict) -> dict:
         aten.isinf.default: compare_to_infinity("isinf", lambda x: aten.eq.Scalar(aten.abs.default(x), math.inf)),
         aten.isposinf.default: compare_to_infinity("isposinf", lambda x: aten.eq.Scalar(x, math.inf)),
         aten.isneginf.default: compare_to_infinity("isneginf", lambda x: aten.eq.Scalar(x, -math.inf)),
+        aten._to_copy.default: real_to_complex,
     }
     return {op: _chain(fn, previous.get(op)) for op, fn in own.items()}
+
+
+_COMPLEX_PARTS = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def real_to_complex(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+                    memory_format=None):
+    """A contiguous real tensor made complex (``x.to(torch.complex64)``, as torch.fft.fft
+    of a real input does) as ``view_as_complex(stack([x, 0], -1))``: ops ORT runs on
+    lort's float pairs (fusion/support.py), where torch_lib's _to_copy would cast to an
+    ONNX complex type ORT does not compute with."""
+    part = _COMPLEX_PARTS.get(dtype)
+    if (part is None or x.dtype.is_complex or not x.is_contiguous() or layout not in (None, torch.strided)
+            or device not in (None, x.device) or pin_memory or memory_format not in (None, torch.preserve_format)):
+        return NotImplemented
+    real = x if x.dtype == part else aten._to_copy.default(x, dtype=part)
+    return aten.view_as_complex.default(aten.stack.default([real, aten.zeros_like.default(real)], -1))
 
 
 def bool_max_min_dim(op):

@@ -291,9 +291,25 @@ def build_group_module(owner: torch.fx.GraphModule, group: FusionGroup) -> tuple
         ph = g.placeholder(f"in_{i}_{inp.name}")
         ph.meta = dict(inp.meta)
         env[inp] = ph
+        if _is_complex(inp):  # enters as float pairs (replace_groups' view_as_real)
+            ph.meta = {"val": _real_view(inp.meta["val"])}
+            env[inp] = g.call_function(_VIEW_AS_COMPLEX, (ph,))
+            env[inp].meta = dict(inp.meta)
     for n in group.nodes:
         env[n] = g.node_copy(n, lambda a: env[a])
-    out_nodes = [env[o] for o in group.outputs]
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.is_conj():
+            # ORT holds the values themselves: torch_lib's _conj negates the imaginary parts.
+            env[n].meta = {**env[n].meta, "val": val.resolve_conj()}
+    out_nodes = []
+    for o in group.outputs:
+        out = env[o]
+        if _is_complex(o):  # leaves as float pairs (replace_groups' view_as_complex)
+            resolved = g.call_function(_RESOLVE_CONJ, (out,))
+            resolved.meta = {"val": o.meta["val"].resolve_conj()}
+            out = g.call_function(_VIEW_AS_REAL, (resolved,))
+            out.meta = {"val": _real_view(o.meta["val"])}
+        out_nodes.append(out)
     g.output(tuple(out_nodes))
     gm = torch.fx.GraphModule(owner, g, class_name=group.name)
     cse(gm)
@@ -313,6 +329,33 @@ def build_group_module(owner: torch.fx.GraphModule, group: FusionGroup) -> tuple
     gm.graph.lint()
     gm.recompile()
     return gm, where
+
+
+_VIEW_AS_REAL = torch.ops.aten.view_as_real.default
+_VIEW_AS_COMPLEX = torch.ops.aten.view_as_complex.default
+_RESOLVE_CONJ = torch.ops.aten.resolve_conj.default
+
+
+def _is_complex(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dtype.is_complex
+
+
+def _real_view(val: torch.Tensor) -> torch.Tensor:
+    """The float pairs of a complex (fake) tensor, its conjugate bit resolved."""
+    return torch.view_as_real(val.resolve_conj())
+
+
+def _as_real(graph: torch.fx.Graph, arg: torch.fx.Node, original: torch.fx.Node) -> torch.fx.Node:
+    """``arg`` as a group's input: a complex tensor as its float pairs (a view, after
+    resolving a conjugate bit, which view_as_real refuses)."""
+    if not _is_complex(original):
+        return arg
+    resolved = graph.call_function(_RESOLVE_CONJ, (arg,))
+    resolved.meta = dict(original.meta)
+    real = graph.call_function(_VIEW_AS_REAL, (resolved,))
+    real.meta = {"val": _real_view(original.meta["val"])}
+    return real
 
 
 def schedule(graph: torch.fx.Graph, groups: list[FusionGroup]) -> list:
@@ -382,11 +425,15 @@ def replace_groups(
     for u in order:
         if isinstance(u, FusionGroup):
             root.add_module(u.name, modules[u.name])
-            call = new_graph.call_module(u.name, tuple(env[i] for i in u.inputs))
+            call = new_graph.call_module(u.name, tuple(_as_real(new_graph, env[i], i) for i in u.inputs))
             call.meta["lort_group"] = u.name
             for i, o in enumerate(u.outputs):
                 item = new_graph.call_function(operator.getitem, (call, i))
                 item.meta = dict(o.meta)
+                if _is_complex(o):
+                    item.meta = {"val": _real_view(o.meta["val"])}
+                    item = new_graph.call_function(_VIEW_AS_COMPLEX, (item,))
+                    item.meta = dict(o.meta)
                 env[o] = item
         else:
             env[u] = new_graph.node_copy(u, lambda a: env[a])

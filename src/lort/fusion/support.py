@@ -49,8 +49,26 @@ def _tensor_metas(val: Any) -> list[torch.Tensor] | None:
     return None
 
 
+#: Complex dtypes go to ORT as float pairs (a trailing dimension of 2, as torch.onnx
+#: translates them): a group's complex inputs and outputs cross its boundary through
+#: view_as_real / view_as_complex (fusion/fuser.py), and inside it only nodes with a
+#: torch_lib translation for complex inputs run (``_complex_reason``).
+COMPLEX_DTYPES = frozenset({torch.complex64, torch.complex128})
+
+#: Ops that make complex tensors from real ones in the float-pair form: their real
+#: translation gives the trailing dimension of 2 (any other op's real translation would
+#: build an ONNX complex type, which ORT does not compute with).
+_COMPLEX_FROM_REAL = frozenset({"aten::_fft_r2c", "aten::view_as_complex", "aten::scalar_tensor"})
+#: Arithmetic whose Python number torch.onnx's type promotion turns into a scalar_tensor
+#: of the complex dtype, which lort translates as float pairs (translate/exact_scalars.py).
+_PROMOTED_NUMBERS = frozenset({torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor, torch.ops.aten.sub.Tensor,
+                               torch.ops.aten.div.Tensor})
+
+
 def _check_tensor(t: torch.Tensor, what: str) -> Reason | None:
-    if t.dtype not in SUPPORTED_DTYPES and not (t.dtype in CUDA_ONLY_DTYPES and t.device.type == "cuda"):
+    if t.dtype in COMPLEX_DTYPES:
+        pass
+    elif t.dtype not in SUPPORTED_DTYPES and not (t.dtype in CUDA_ONLY_DTYPES and t.device.type == "cuda"):
         where = "" if t.dtype not in CUDA_ONLY_DTYPES else " on CPU (ORT's CPU provider lacks its kernels)"
         return Reason(ReasonKind.DTYPE, f"{what} has dtype {t.dtype}, which lort does not send to ORT{where}")
     if t.device.type not in ("cpu", "cuda"):
@@ -146,6 +164,33 @@ def _ort_dtype_reason(node: torch.fx.Node) -> Reason | None:
     return Reason(ReasonKind.NO_KERNEL, f"ORT's {provider} has no {op_type} kernel for {val.dtype} (its translation needs one)")
 
 
+def _complex_reason(node: torch.fx.Node, outs: list[torch.Tensor]) -> Reason | None:
+    """Why a node with complex tensors stays in PyTorch, or None. torch_lib translates a
+    node with a complex input by its complex overload (float pairs), which takes every
+    tensor input as a complex one; a node with real inputs only by its real one, which
+    gives float pairs for ``_COMPLEX_FROM_REAL`` only."""
+    inputs = [a.meta.get("val") for a in node.all_input_nodes]
+    inputs = [v for v in inputs if isinstance(v, torch.Tensor)]
+    complex_in = [v.dtype in COMPLEX_DTYPES for v in inputs]
+    if any(complex_in):
+        if not all(complex_in):
+            return Reason(ReasonKind.DTYPE, "mixes complex and real tensor inputs (torch_lib's complex "
+                                            "translations take complex inputs only)")
+        for arg, value in zip(node.target._schema.arguments, node.args):
+            if (isinstance(arg.type, torch.TensorType) and isinstance(value, (int, float))
+                    and node.target not in _PROMOTED_NUMBERS):
+                return Reason(ReasonKind.ARGUMENT, f"argument {arg.name!r} is a Python number, where torch_lib's "
+                                                   "complex translation takes a complex tensor")
+        if node.target is torch.ops.aten.constant_pad_nd.default and (node.args[2:] or [0])[0] != 0:
+            return Reason(ReasonKind.ARGUMENT, "pads a complex tensor with a value other than 0 (lort's "
+                                               "complex form pads both parts alike)")
+        return None
+    if any(t.dtype in COMPLEX_DTYPES for t in outs) and node.target._schema.name not in _COMPLEX_FROM_REAL:
+        return Reason(ReasonKind.DTYPE, "makes a complex tensor from real ones, which torch_lib translates "
+                                        "to an ONNX complex type ORT does not compute with")
+    return None
+
+
 def unsupported_reason(node: torch.fx.Node) -> Reason | None:
     """None if ``node`` may run in an ORT group, else why it stays in PyTorch (the rules
     that need only the node; ``SupportChecker`` adds the options' device rule)."""
@@ -187,7 +232,7 @@ def unsupported_reason(node: torch.fx.Node) -> Reason | None:
     }
     if len(devices) > 1:
         return Reason(ReasonKind.DEVICE, f"mixes devices {sorted(map(str, devices))}")
-    reason = _ort_dtype_reason(node)
+    reason = _ort_dtype_reason(node) or _complex_reason(node, outs)
     if reason:
         return reason
     wrong = known_wrong.reason(node)

@@ -53,6 +53,8 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int
 SAMPLES = 2
 #: assert_close tolerances (float64: torch.testing's own defaults for it).
 TOLERANCES = {torch.float32: (1.3e-4, 1e-4), torch.float64: (1e-7, 1e-7)}
+# Complex results (FFTs) compare as their float pairs do.
+TOLERANCES.update({torch.complex64: TOLERANCES[torch.float32], torch.complex128: TOLERANCES[torch.float64]})
 #: The backend options of the sweep: every group in ORT (no timing against PyTorch), one
 #: ORT thread (no per-group thread timing), no disk cache (every graph translated anew).
 BACKEND_OPTIONS = {"executor": "ort", "mode": "ort", "intra_op_num_threads": 1, "disk_cache": False}
@@ -235,6 +237,8 @@ def _mismatch_summary(got: torch.Tensor, expected: torch.Tensor, err: AssertionE
     """assert_close's verdict and the element furthest out of tolerance: lort, eager."""
     first = str(err).strip().splitlines()[0]
     try:
+        if expected.is_complex():
+            got, expected = torch.view_as_real(got.resolve_conj()), torch.view_as_real(expected.resolve_conj())
         g, e = got.double().flatten(), expected.double().flatten()
         diff = (g - e).abs() / (atol + rtol * e.abs())
         diff = torch.where((g == e) | (torch.isnan(g) & torch.isnan(e)), torch.zeros_like(diff), diff)

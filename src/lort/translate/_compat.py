@@ -77,11 +77,12 @@ def check_versions() -> None:
 def registry() -> Any:
     """torch_lib's ATen -> ONNX registry (built once; it takes about a second)."""
     check_versions()
-    from . import exact_scalars, polynomials
+    from . import complex_ops, exact_scalars, polynomials
 
     reg = _ex_registration.ONNXRegistry.from_torchlib(OPSET)
     exact_scalars.register(reg)
     polynomials.register(reg)
+    complex_ops.register(reg)
     return reg
 
 
