@@ -352,7 +352,7 @@ def _as_real(graph: torch.fx.Graph, arg: torch.fx.Node, original: torch.fx.Node)
     if not _is_complex(original):
         return arg
     resolved = graph.call_function(_RESOLVE_CONJ, (arg,))
-    resolved.meta = dict(original.meta)
+    resolved.meta = {"val": original.meta["val"].resolve_conj()}
     real = graph.call_function(_VIEW_AS_REAL, (resolved,))
     real.meta = {"val": _real_view(original.meta["val"])}
     return real

@@ -176,12 +176,14 @@ def _complex_reason(node: torch.fx.Node, outs: list[torch.Tensor]) -> Reason | N
         if not all(complex_in):
             return Reason(ReasonKind.DTYPE, "mixes complex and real tensor inputs (torch_lib's complex "
                                             "translations take complex inputs only)")
-        for arg, value in zip(node.target._schema.arguments, node.args):
-            if (isinstance(arg.type, torch.TensorType) and isinstance(value, (int, float))
+        values = {a.name: (node.args[i] if i < len(node.args) else node.kwargs.get(a.name, a.default_value))
+                  for i, a in enumerate(node.target._schema.arguments)}
+        for arg in node.target._schema.arguments:
+            if (isinstance(arg.type, torch.TensorType) and isinstance(values[arg.name], (int, float))
                     and node.target not in _PROMOTED_NUMBERS):
                 return Reason(ReasonKind.ARGUMENT, f"argument {arg.name!r} is a Python number, where torch_lib's "
                                                    "complex translation takes a complex tensor")
-        if node.target is torch.ops.aten.constant_pad_nd.default and (node.args[2:] or [0])[0] != 0:
+        if node.target is torch.ops.aten.constant_pad_nd.default and values.get("value") not in (None, 0):
             return Reason(ReasonKind.ARGUMENT, "pads a complex tensor with a value other than 0 (lort's "
                                                "complex form pads both parts alike)")
         return None
