@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 
 import torch
 
 import lort
+from timing import first_call_seconds
 
 #: run.py's name for it, in a row's times.
 MODULE = "lort_module"
@@ -44,11 +44,7 @@ def add_module_step(steps: dict, firsts: dict, model: torch.nn.Module, args: tup
     """Add ORTModule's step to ``steps`` and its first call (export, compile, first run)
     to ``firsts``."""
     step = module_step(model, args, per_call)
-    sync()
-    t0 = time.perf_counter()
-    step()
-    sync()
-    firsts[MODULE] = time.perf_counter() - t0
+    firsts[MODULE] = first_call_seconds(step, sync)
     steps[MODULE] = step
 
 

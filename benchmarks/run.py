@@ -31,7 +31,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 
 import torch
 
@@ -48,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cuda_common  # noqa: E402
 import timing  # noqa: E402
 from module_column import HEADER_CELLS, HEADER_RULE, MODULE, add_module_step, module_cells, module_summary, module_where  # noqa: E402,E501
-from timing import grad_mode, timed_interleaved  # noqa: E402,F401 - timed_interleaved: other scripts import it from here
+from timing import first_call_seconds, grad_mode, timed_interleaved  # noqa: E402,F401 - timed_interleaved: other scripts import it from here
 from whole_ort import WHOLE, WHOLE_TEXT, whole_cells, whole_notes, whole_ort_step, whole_summary  # noqa: E402
 
 SCENARIOS = {"infer1": ("inference", 1), "infer8": ("inference", 8), "train": ("train", 8)}
@@ -140,9 +139,7 @@ def run(models, scenarios, min_time):
                 # made before inductor's, whose compile workers may still be busy after it.
                 for backend in ("eager", "lort", "inductor"):
                     step = make_runner(name, scenario, backend)
-                    t0 = time.perf_counter()
-                    step()
-                    firsts[backend] = time.perf_counter() - t0
+                    firsts[backend] = first_call_seconds(step)
                     steps[backend] = step
                 whole = add_whole(name, scenario, steps)
                 if SCENARIOS[scenario][0] == "inference":
@@ -172,11 +169,7 @@ def run_cuda(models, scenarios, min_time, on_row, profile=False):
                 for backend in ("eager", "lort", "inductor"):
                     try:
                         step = make_runner(name, scenario, backend, "cuda")
-                        sync()
-                        t0 = time.perf_counter()
-                        step()
-                        sync()
-                        firsts[backend] = time.perf_counter() - t0
+                        firsts[backend] = first_call_seconds(step, sync)
                         steps[backend] = step
                     except Exception as e:  # noqa: BLE001 - reported in the table
                         errors[backend] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"

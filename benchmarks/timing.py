@@ -58,3 +58,12 @@ def timed_interleaved(fns: dict, min_time=1.0, repeats=11, settle_s=0.0, sync=_n
             if settle_s:
                 time.sleep(settle_s)
     return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def first_call_seconds(step, sync=_no_sync) -> float:
+    """Seconds of ``step``'s first call (capture, compile and run), ``sync`` around it."""
+    sync()
+    t0 = time.perf_counter()
+    step()
+    sync()
+    return time.perf_counter() - t0
