@@ -14,12 +14,13 @@ negative ``dim`` counted from the complex tensor's last dimension).
 
 from __future__ import annotations
 
+import onnx_ir as ir
 import torch
 
 aten = torch.ops.aten
 
 #: ONNX element types: the float type of each complex one's parts.
-_PARTS = {14: 1, 15: 11}  # COMPLEX64 -> FLOAT, COMPLEX128 -> DOUBLE
+PARTS = {ir.DataType.COMPLEX64.value: ir.DataType.FLOAT.value, ir.DataType.COMPLEX128.value: ir.DataType.DOUBLE.value}
 
 
 def _op():
@@ -44,13 +45,13 @@ def _mul_scalar(self, other):
 
 def _new_zeros(self, size, dtype: int = -1, layout: str = "", device: str = "", pin_memory: bool = False):
     op = _op()
-    if dtype == -1 or dtype in _PARTS:
+    if dtype == -1 or dtype in PARTS:
         if isinstance(size, (list, tuple)) and all(isinstance(d, int) for d in size):
             shape = op.Constant(value_ints=[*size, 2])
         else:  # a shape value (dynamic sizes)
             shape = op.Concat(size, op.Constant(value_ints=[2]), axis=0)
         result = op.ConstantOfShape(shape)
-        return op.CastLike(result, self) if dtype == -1 else op.Cast(result, to=_PARTS[dtype])
+        return op.CastLike(result, self) if dtype == -1 else op.Cast(result, to=PARTS[dtype])
     return op.Cast(op.ConstantOfShape(size), to=dtype)
 
 

@@ -18,6 +18,8 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
+from . import complex_ops
+
 aten = torch.ops.aten
 
 
@@ -28,19 +30,17 @@ def _scalar_tensor(s: float, dtype: int = -1, layout: str = "", device: str = ""
 
     if dtype == -1:
         dtype = ir.DataType.FLOAT.value
-    parts = _COMPLEX_PARTS.get(dtype)
+    parts = complex_ops.PARTS.get(dtype)
     if parts is not None:  # lort's complex form: float pairs (translate/complex_ops.py)
+        numpy_type = ir.DataType(parts).numpy()
         if not isinstance(s, (bool, int, float, complex)):
-            return op.Concat(op.Reshape(op.Cast(s, to=parts), [1]), op.Constant(value=ir.tensor(np.zeros(1, ir.DataType(parts).numpy()))), axis=0)
+            imag = op.Constant(value=ir.tensor(np.zeros(1, numpy_type)))
+            return op.Concat(op.Reshape(op.Cast(s, to=parts), [1]), imag, axis=0)
         value = complex(s)
-        return op.Constant(value=ir.tensor(np.array([value.real, value.imag], dtype=ir.DataType(parts).numpy())))
+        return op.Constant(value=ir.tensor(np.array([value.real, value.imag], dtype=numpy_type)))
     if not isinstance(s, (bool, int, float)):
         return op.Cast(s, to=dtype)
     return op.Constant(value=ir.tensor(np.array(s, dtype=ir.DataType(dtype).numpy())))
-
-
-#: ONNX COMPLEX64 and COMPLEX128: the float type of their parts.
-_COMPLEX_PARTS = {ir.DataType.COMPLEX64.value: ir.DataType.FLOAT.value, ir.DataType.COMPLEX128.value: ir.DataType.DOUBLE.value}
 
 
 def register(registry) -> None:
