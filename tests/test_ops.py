@@ -130,11 +130,8 @@ NO_TRANSLATION = "no torch_lib translation registered"
 RANDOM = "random op"
 #: Ops listed in ``lort.fusion.known_wrong`` for some arguments: those nodes
 #: run in PyTorch (substrings of the reasons given there).
-WRONG_DIV_MODE = "div with rounding_mode computes"
-WRONG_FLOOR = "computes float floor division as floor"
 WRONG_ATAN2 = "torch_lib's atan2"
 WRONG_BETA0 = "beta == 0"
-WRONG_DIVISOR = "ignores divisor_override"
 WRONG_SCATTER_MEAN = "no 'mean' reduction"
 WRONG_INT_MEAN = "mean of an integer tensor"
 WRONG_NAN_ORDER = "does not order NaN"
@@ -213,17 +210,14 @@ CASES: list[Case] = [
     C("mul", torch.mul, lambda: (f32(2, 3, 4), f32(3, 1))),
     C("div", torch.div, lambda: (f32(3, 4), away0(3, 4))),
     C("div_floor", lambda a, b: torch.div(a, b, rounding_mode="floor") + 1, lambda: (f32(3, 4, scale=4), away0(3, 4)),
-      grad=False, fallback={"aten.div.Tensor_mode": WRONG_DIV_MODE}),
+      grad=False),
     # Quotients that round to an integer in float32: 7 // 0.1 is 69 (PyTorch, exact), not 70.
     C("div_floor_exact", lambda a, b: (torch.div(a, b, rounding_mode="floor") + 1, a // b + 1, a // 0.1 + 1),
-      _exact_quotients,
-      grad=False, fallback={"aten.div.Tensor_mode": WRONG_DIV_MODE, "aten.floor_divide.default": WRONG_FLOOR}),
+      _exact_quotients, grad=False),  # fmod-based, as PyTorch (capture/decompositions_rounding.py)
     C("div_trunc", lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda: (f32(3, 4, scale=4), away0(3, 4)),
       grad=False),
-    C("remainder", torch.remainder, lambda: (f32(3, 4, scale=4), away0(3, 4)), grad_args=(0,),
-      fallback={"aten.remainder.Tensor": WRONG_FLOOR}),
-    C("remainder_exact", lambda a, b: (torch.remainder(a, b) + 1, a % 0.1 + 1), _exact_quotients,
-      grad=False, fallback={"aten.remainder.Tensor": WRONG_FLOOR, "aten.remainder.Scalar": WRONG_FLOOR}),
+    C("remainder", torch.remainder, lambda: (f32(3, 4, scale=4), away0(3, 4)), grad_args=(0,)),
+    C("remainder_exact", lambda a, b: (torch.remainder(a, b) + 1, a % 0.1 + 1), _exact_quotients, grad=False),
     C("fmod", torch.fmod, lambda: (f32(3, 4, scale=4), away0(3, 4)), grad_args=(0,)),
     C("maximum", torch.maximum, lambda: (f32(3, 4), f32(3, 4))),
     C("minimum", torch.minimum, lambda: (f32(3, 4), f32(4))),
@@ -258,11 +252,11 @@ CASES: list[Case] = [
     C("int_floordiv", lambda a, b: (a // b, a // -3, a // 4),
       lambda: (i64(4, 5, lo=-20, hi=20), nz_i64(4, 5)), grad=False),
     # torch_lib divides integers in float32: wrong beyond 2**24.
-    # Integer trunc division stays in PyTorch (torch_lib divides in float32)...
+    # Integer trunc division: floor division plus a correction (torch_lib divides in float32)...
     C("int_div_mode", lambda a, b: torch.div(a, b, rounding_mode="trunc") + 1,
       lambda: (torch.tensor([2**24 + 1, 2**25 + 3, -(2**24) - 1, 123456789, 7, -7]),
                torch.tensor([1, 3, -2, 10, -3, 2])),
-      grad=False, fallback={"aten.div.Tensor_mode": WRONG_DIV_MODE}),
+      grad=False),
     # ...integer floor division is decomposed by lort into floor_divide, exact in ORT.
     C("int_div_floor", lambda a, b: (torch.div(a, b, rounding_mode="floor") + 1,
                                      torch.div(a, 2, rounding_mode="floor") + 1),
@@ -545,12 +539,11 @@ CASES: list[Case] = [
       fallback={"aten.max_pool3d_with_indices_backward.default": NO_TRANSLATION}),
     C("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, (2, 3)) + 1, lambda: (f32(1, 2, 5, 7),), grad=False,
       fallback={"aten.adaptive_max_pool2d.default": NO_TRANSLATION}),
+    # torch_lib ignores divisor_override: lort sums the windows (capture/decompositions_kernels.py).
     C("avg_pool2d_divisor", lambda x: F.avg_pool2d(x, 3, 1, 1, divisor_override=2) + 1, lambda: (f32(1, 2, 4, 4),),
-      grad=False,
-      fallback={"aten.avg_pool2d.default": WRONG_DIVISOR}),
+      grad=False),
     C("avg_pool3d_divisor", lambda x: F.avg_pool3d(x, 2, divisor_override=3) + 1, lambda: (f32(1, 2, 4, 4, 4),),
-      grad=False,
-      fallback={"aten.avg_pool3d.default": WRONG_DIVISOR}),
+      grad=False),
     C("avg_pool1d_3d", lambda x, y: (F.avg_pool1d(x, 3, 2, 1), F.avg_pool3d(y, 2)),
       lambda: (f32(1, 2, 7), f32(1, 2, 4, 4, 4)),
       grad=False, **RED),
@@ -572,8 +565,7 @@ CASES: list[Case] = [
     C("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), lambda: (f32(2, 3, 4, 6),), **RED,
       fallback={"aten._adaptive_avg_pool2d_backward.default": NO_TRANSLATION}),
     C("adaptive_avg_pool2d_uneven", lambda x: F.adaptive_avg_pool2d(x, 3), lambda: (f32(1, 2, 5, 7),), **RED,
-      fallback={ "aten.div.Tensor_mode": WRONG_DIV_MODE,
-                "aten._adaptive_avg_pool2d_backward.default": NO_TRANSLATION}),
+      fallback={"aten._adaptive_avg_pool2d_backward.default": NO_TRANSLATION}),
     C("adaptive_avg_pool2d_global", lambda x: F.adaptive_avg_pool2d(x, 1), lambda: (f32(2, 3, 5, 5),), **RED),
     C("interpolate_nearest", lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), lambda: (f32(1, 2, 3, 4),)),
     C("interpolate_nearest_size", lambda x: F.interpolate(x, size=(5, 7), mode="nearest"), lambda: (f32(1, 2, 3, 4),)),

@@ -27,6 +27,11 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
   ``decompositions_bessel_modified``.
 * linalg_solve_triangular and triangular_solve as substitution steps, lu_unpack as masks
   and row swaps: ``decompositions_linalg``.
+* ops on dtypes ORT has no kernel for (integer inputs of float-only unary ops, int64
+  addmm, float64 and int64 convolution, float64 average pooling): ``decompositions_kernels``.
+* float floor division and remainder from fmod, integer truncating division, fmax/fmin:
+  ``decompositions_rounding``; erf (float64), erfc, erfcx, ndtri, erfinv and log_ndtr:
+  ``decompositions_erf``.
 """
 
 from __future__ import annotations
@@ -42,9 +47,12 @@ from ..translate import _compat
 from . import (
     decompositions_bessel,
     decompositions_bessel_modified,
+    decompositions_erf,
     decompositions_indexing,
+    decompositions_kernels,
     decompositions_linalg,
     decompositions_ops,
+    decompositions_rounding,
     decompositions_special,
 )
 
@@ -403,4 +411,8 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     decomps.update(decompositions_bessel.table())
     decomps.update(decompositions_bessel_modified.table())
     decomps.update(decompositions_linalg.table())
+    for op, fn in {**decompositions_kernels.table(), **decompositions_rounding.table()}.items():
+        decomps[op] = decompositions_ops.chain(fn, decomps.get(op))
+    for op, fn in decompositions_erf.table().items():
+        decomps[op] = decompositions_ops.chain(fn, decomps.get(op))
     return decomps

@@ -1,5 +1,6 @@
 """Modified Bessel functions (``special_modified_bessel_i0``, ``_i1``, ``_k0``, ``_k1``,
-``special_scaled_modified_bessel_k0``, ``_k1``) and the Airy function
+``special_scaled_modified_bessel_k0``, ``_k1``; ``i0`` and ``special_i0e``, ``_i1``,
+``_i1e``, whose kernels use the same series) and the Airy function
 (``special_airy_ai``; no ONNX op) as PyTorch's own kernels compute them
 (aten/src/ATen/native/Math.h, from Cephes): the same Chebyshev series and rational
 approximations, the same constants, branches and order of operations, in the input's
@@ -173,6 +174,21 @@ def _i1(x):
     return torch.where(x < 0, -out, out)
 
 
+def _i0e(x):
+    """i0(x) * exp(-|x|): the series without the exponential (calc_i0e)."""
+    ax = torch.abs(x)
+    return torch.where(ax <= 8.0, _chbevl(ax / 2.0 - 2.0, _I0_A),
+                       _chbevl(_rdiv(32.0, ax) - 2.0, _I0_B) / torch.sqrt(ax))
+
+
+def _i1e(x):
+    """i1(x) * exp(-|x|) (calc_i1e)."""
+    ax = torch.abs(x)
+    out = torch.where(ax <= 8.0, _chbevl(ax / 2.0 - 2.0, _I1_A) * ax,
+                      _chbevl(_rdiv(32.0, ax) - 2.0, _I1_B) / torch.sqrt(ax))
+    return torch.where(x < 0, -out, out)
+
+
 def _k(x, small, coefficients, scaled):
     """k0/k1: inf at 0, NaN below 0, ``small`` up to 2, the series in 8 / x - 2 beyond."""
     half = _chbevl(_rdiv(8.0, x) - 2.0, coefficients)
@@ -267,8 +283,8 @@ def _airy_ai(x):
 
 
 (modified_bessel_i0, modified_bessel_i1, modified_bessel_k0, modified_bessel_k1, scaled_modified_bessel_k0,
- scaled_modified_bessel_k1, airy_ai) = (
-    _on_float(f) for f in (_i0, _i1, _k0, _k1, _scaled_k0, _scaled_k1, _airy_ai))
+ scaled_modified_bessel_k1, airy_ai, i0e, i1e) = (
+    _on_float(f) for f in (_i0, _i1, _k0, _k1, _scaled_k0, _scaled_k1, _airy_ai, _i0e, _i1e))
 
 
 def table() -> dict:
@@ -280,4 +296,10 @@ def table() -> dict:
         aten.special_scaled_modified_bessel_k0.default: scaled_modified_bessel_k0,
         aten.special_scaled_modified_bessel_k1.default: scaled_modified_bessel_k1,
         aten.special_airy_ai.default: airy_ai,
+        # torch.i0 and torch.special.i0e / i1 / i1e: the same series (calc_i0, calc_i0e,
+        # calc_i1, calc_i1e); PyTorch's own decompositions end in prims with no ONNX form.
+        aten.i0.default: modified_bessel_i0,
+        aten.special_i0e.default: i0e,
+        aten.special_i1.default: modified_bessel_i1,
+        aten.special_i1e.default: i1e,
     }

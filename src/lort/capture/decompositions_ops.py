@@ -24,7 +24,7 @@ def _zero_dim(x) -> bool:
     return isinstance(x, torch.Tensor) and x.dim() == 0
 
 
-def _chain(fn, previous):
+def chain(fn, previous):
     """``fn``, falling back to ``previous`` (an earlier decomposition of the same op, or
     none) where ``fn`` returns NotImplemented."""
     if previous is None:
@@ -94,7 +94,7 @@ def table(previous: dict) -> dict:
         aten.floor.default: integer_rounding,
         aten.ceil.default: integer_rounding,
         aten.round.default: integer_rounding,
-        aten.angle.default: _chain(float_angle, integer_angle),
+        aten.angle.default: chain(float_angle, integer_angle),
         torch.ops.prims.prod.default: prims_prod,
         aten.hardtanh_backward.default: hardtanh_backward,
         aten.native_layer_norm.default: float64_native_layer_norm,
@@ -115,7 +115,7 @@ def table(previous: dict) -> dict:
         aten.isneginf.default: compare_to_infinity("isneginf", lambda x: aten.eq.Scalar(x, -math.inf)),
         aten._to_copy.default: real_to_complex,
     }
-    return {op: _chain(fn, previous.get(op)) for op, fn in own.items()}
+    return {op: chain(fn, previous.get(op)) for op, fn in own.items()}
 
 
 _COMPLEX_PARTS = {torch.complex64: torch.float32, torch.complex128: torch.float64}

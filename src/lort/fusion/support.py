@@ -149,6 +149,16 @@ def _ort_kernel_types(op_type: str, provider: str, opset: int = _compat.OPSET) -
     return frozenset(types)
 
 
+def ort_has_kernel(op_type: str, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether ORT's provider for ``device`` has a kernel of ONNX ``op_type`` for
+    ``dtype`` (its first input's type), at lort's opset; True where the registry cannot
+    be read (the session build decides). The decompositions ask it where they rewrite an
+    op over kernels ORT has."""
+    provider = "CUDAExecutionProvider" if device.type == "cuda" else "CPUExecutionProvider"
+    types = _ort_kernel_types(op_type, provider)
+    return not types or (TABLE[dtype].ort_name if dtype in SUPPORTED_DTYPES else "") in types
+
+
 def _ort_dtype_reason(node: torch.fx.Node) -> Reason | None:
     op_type = _ORT_OP_OF.get(node.target._schema.name)
     if op_type == "Erf" and node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none") == "tanh":
@@ -157,10 +167,9 @@ def _ort_dtype_reason(node: torch.fx.Node) -> Reason | None:
     val = args[0].meta.get("val") if args else None
     if op_type is None or not isinstance(val, torch.Tensor):
         return None
-    provider = "CUDAExecutionProvider" if val.device.type == "cuda" else "CPUExecutionProvider"
-    types = _ort_kernel_types(op_type, provider)
-    if not types or (TABLE[val.dtype].ort_name if val.dtype in SUPPORTED_DTYPES else "") in types:
+    if ort_has_kernel(op_type, val.dtype, val.device):
         return None
+    provider = "CUDAExecutionProvider" if val.device.type == "cuda" else "CPUExecutionProvider"
     return Reason(ReasonKind.NO_KERNEL, f"ORT's {provider} has no {op_type} kernel for {val.dtype} (its translation needs one)")
 
 

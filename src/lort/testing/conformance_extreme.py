@@ -44,6 +44,12 @@ _DECOMPOSITION = (
     "PyTorch's own decomposition of the op, which lort runs (as inductor would), gives the "
     "same result as lort; only eager's C++ kernel differs"
 )
+_VECTORIZED_FMOD_REMAINDER = (
+    "PyTorch's vectorized remainder starts from its vectorized fmod, x - trunc(x / y) * y, "
+    "NaN when x / y overflows (remainder(3e38, 1e-30)); lort computes it from the exact "
+    "fmod (ORT's Mod), as PyTorch's own scalar path does (the same inputs at the end of a "
+    "tensor, past the last full vector, give lort's value in eager)"
+)
 _INTERPOLATION = (
     f"{_DECOMPOSITION}: it weights both neighbours of every output point, so an infinite "
     "neighbour with weight 0 gives inf * 0 = NaN, where eager's kernel skips that neighbour"
@@ -84,6 +90,8 @@ KNOWN_DIFFERENCES: dict[tuple[str, str | None], str] = {
         "(fmod(3e38, 1e-30)); ORT gives the exact remainder, as std::fmod and PyTorch's own "
         "scalar path do"
     ),
+    ("remainder", None): _VECTORIZED_FMOD_REMAINDER,
+    ("__rmod__", None): _VECTORIZED_FMOD_REMAINDER,
     ("nn.functional.celu", "float64"): (
         "PyTorch's float64 celu of 1e300 overflows inside its kernel (inf); ORT gives 1e300"
     ),
