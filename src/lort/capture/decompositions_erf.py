@@ -21,7 +21,7 @@ import math
 import torch
 
 from ..fusion import support
-from .decompositions_special import _float_input
+from .decompositions_special import _float_input, _full
 
 aten = torch.ops.aten
 
@@ -73,10 +73,6 @@ def _polevl(x, coefficients):
     for c in coefficients[2:]:
         p = p * x + c
     return p
-
-
-def _full(like, value):
-    return aten.add.Tensor(aten.zeros_like.default(like), aten.scalar_tensor.default(value, dtype=like.dtype))
 
 
 def _erf_small(x):

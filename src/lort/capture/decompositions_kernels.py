@@ -27,6 +27,7 @@ import math
 import torch
 
 from ..fusion import support
+from .decompositions_rounding import truncated_division
 
 aten = torch.ops.aten
 
@@ -204,15 +205,6 @@ def _window_counts(lengths, kernel, stride, padding, out, include_pad: bool, lik
     return aten._to_copy.default(total, dtype=like.dtype)
 
 
-def _truncated_division(a, b):
-    """Integer ``a / b`` rounded toward zero (C's ``/``, eager's integer average) for
-    ``b > 0``: floor division (exact in torch_lib) plus one where ``a`` is negative and
-    not a multiple of ``b``."""
-    floor = aten.floor_divide.default(a, b)
-    inexact = aten.logical_and.default(aten.ne.Tensor(aten.mul.Tensor(floor, b), a), aten.lt.Scalar(a, 0))
-    return aten.add.Tensor(floor, aten._to_copy.default(inexact, dtype=a.dtype))
-
-
 def _avg_pool(nd: int):
     def avg_pool(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                  divisor_override=None):
@@ -242,7 +234,7 @@ def _avg_pool(nd: int):
             divisor = aten.scalar_tensor.default(divisor_override, dtype=sums.dtype, device=x.device)
         else:
             divisor = _window_counts(lengths, kernel, step, pad, out, count_include_pad, sums)
-        y = aten.div.Tensor(sums, divisor) if x.dtype.is_floating_point else _truncated_division(sums, divisor)
+        y = aten.div.Tensor(sums, divisor) if x.dtype.is_floating_point else truncated_division(sums, divisor)
         return y if x.dim() == nd + 2 else aten.squeeze.dim(y, 0)
 
     avg_pool.__name__ = f"avg_pool{nd}d_without_average_pool"

@@ -78,10 +78,16 @@ def div_rounding(a, b, *, rounding_mode=None):
         b = aten.scalar_tensor.default(b, dtype=dtype, device=a.device)
     if dtype == torch.bool or a.dtype != dtype or b.dtype != dtype:
         return NotImplemented
+    return truncated_division(a, b)
+
+
+def truncated_division(a, b):
+    """Integer ``a / b`` rounded toward zero (C's ``/``): floor division (exact in
+    torch_lib) plus one where the quotient is negative and inexact."""
     floor = aten.floor_divide.default(a, b)
     inexact = aten.ne.Tensor(aten.mul.Tensor(floor, b), a)
     negative = aten.ne.Tensor(aten.lt.Scalar(a, 0), aten.lt.Scalar(b, 0))
-    return aten.add.Tensor(floor, aten._to_copy.default(aten.logical_and.default(inexact, negative), dtype=dtype))
+    return aten.add.Tensor(floor, aten._to_copy.default(aten.logical_and.default(inexact, negative), dtype=a.dtype))
 
 
 def remainder(a, b):
