@@ -11,10 +11,13 @@
 * integer ``div(rounding_mode="trunc")``: floor division (exact in torch_lib) plus one
   where the quotient is negative and inexact. A zero divisor raises in ORT, and the
   group then runs in PyTorch, which raises its own ZeroDivisionError.
-* ``fmax`` / ``fmin``: the larger / smaller value, NaN only where both are NaN.
+* ``fmax`` / ``fmin``: the larger / smaller value, NaN only where both are NaN, the
+  first operand on a tie (the sign of a zero).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -100,7 +103,15 @@ def remainder(a, b):
     return aten.where.self(_wrong_sign(mod, b), aten.add.Tensor(mod, b), mod)
 
 
-def _nan_ignoring(op):
+def _nan_ignoring(op, identity: float):
+    """``op`` ignoring a NaN operand, and ``a`` where the two compare equal (eager's
+    ``fmax(0.0, -0.0)`` is 0.0 and ``fmax(-0.0, 0.0)`` is -0.0).
+
+    ORT's Max and Min give their second operand on a tie, so the operands go in swapped.
+    A NaN operand becomes ``identity`` (-inf for fmax) before the op rather than being
+    replaced by the other value after it: ORT's Where gives +0.0 where it selects a -0.0
+    from its first value input, and only constants nonzero go there."""
+
     def decomposition(a, b):
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or torch.result_type(a, b).is_complex:
             return NotImplemented
@@ -108,16 +119,18 @@ def _nan_ignoring(op):
         a, b = (t if t.dtype == dtype else aten._to_copy.default(t, dtype=dtype) for t in (a, b))
         if not dtype.is_floating_point:
             return op(a, b)
-        out = op(a, b)
-        out = aten.where.self(aten.isnan.default(a), b, out)
-        return aten.where.self(aten.isnan.default(b), a, out)
+        a_nan, b_nan = aten.isnan.default(a), aten.isnan.default(b)
+        fill = aten.scalar_tensor.default(identity, dtype=dtype, device=a.device)
+        nan = aten.scalar_tensor.default(math.nan, dtype=dtype, device=a.device)
+        out = op(aten.where.self(b_nan, fill, b), aten.where.self(a_nan, fill, a))
+        return aten.where.self(aten.logical_and.default(a_nan, b_nan), nan, out)
 
     decomposition.__name__ = "f" + op.__name__.split(".")[0][:3]
     return decomposition
 
 
-fmax = _nan_ignoring(aten.maximum.default)
-fmin = _nan_ignoring(aten.minimum.default)
+fmax = _nan_ignoring(aten.maximum.default, -math.inf)
+fmin = _nan_ignoring(aten.minimum.default, math.inf)
 
 
 def table() -> dict:
