@@ -31,7 +31,8 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
   addmm, float64 and int64 convolution, float64 average pooling): ``decompositions_kernels``.
 * float floor division and remainder from fmod, integer truncating division, fmax/fmin:
   ``decompositions_rounding``; erf (float64), erfc, erfcx, ndtri, erfinv and log_ndtr:
-  ``decompositions_erf``.
+  ``decompositions_erf``; expm1, elu/celu/selu, sigmoid and silu (CPU), softplus without
+  its kernel, accurate at small values: ``decompositions_exponential``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from . import (
     decompositions_bessel,
     decompositions_bessel_modified,
     decompositions_erf,
+    decompositions_exponential,
     decompositions_indexing,
     decompositions_kernels,
     decompositions_linalg,
@@ -413,6 +415,6 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     decomps.update(decompositions_linalg.table())
     for op, fn in {**decompositions_kernels.table(), **decompositions_rounding.table()}.items():
         decomps[op] = decompositions_ops.chain(fn, decomps.get(op))
-    for op, fn in decompositions_erf.table().items():
+    for op, fn in {**decompositions_erf.table(), **decompositions_exponential.table()}.items():
         decomps[op] = decompositions_ops.chain(fn, decomps.get(op))
     return decomps

@@ -52,10 +52,17 @@ def register(registry) -> None:
 
 
 def _rounded_float(node: torch.fx.Node) -> str | None:
-    """The first float argument of ``node`` that float32 would round, as 'name=value'."""
+    """The first float argument of ``node`` that float32 would round, as 'name=value'; an
+    argument left out counts with its schema default (leaky_relu's slope 0.01), which
+    the translation writes just the same."""
     target = node.target
     for i, arg in enumerate(target._schema.arguments):
-        value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+        if i < len(node.args):
+            value = node.args[i]
+        elif arg.name in node.kwargs:
+            value = node.kwargs[arg.name]
+        else:
+            value = arg.default_value if arg.has_default_value() else None
         if (
             isinstance(value, float)
             and math.isfinite(value)

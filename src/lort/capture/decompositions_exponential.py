@@ -1,0 +1,111 @@
+"""Exponential-based functions accurate at small values, where ORT's kernels or
+torch_lib's translations are not (registered by ``decompositions.table``):
+
+* ``expm1``: torch_lib writes ``exp(x) - 1``, which loses every digit below the dtype's
+  epsilon (float32 expm1(1e-10) was 0, expm1(1e-5) off by 0.14%). Kahan's form
+  ``(u - 1) * x / log(u)`` with ``u = exp(x)`` is accurate to a few ulp.
+* ``elu``, ``celu``, ``selu``: ORT's Elu, Celu and Selu compute ``exp(x) - 1`` (elu(-1e-10)
+  was 0 in float32); PyTorch's decompositions over the accurate ``expm1``, as eager's
+  kernel does.
+* ``sigmoid``, ``silu`` and ``silu_backward`` on CPU: MLAS's logistic is accurate in
+  absolute terms only (float32 sigmoid(-17.26) was 2.7 times eager's value, 0 below
+  -30; float64 sigmoid(-100) was 0); ``1 / (1 + exp(-x))``, eager's formula. ORT's CUDA
+  Sigmoid computes that form itself, so CUDA keeps its one operator.
+* ``softplus`` without ORT's Softplus kernel (float64 on CPU): ``log1p(exp(x))`` (it was
+  0 for softplus(-100) in float64).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch._decomp import decomposition_table
+
+from ..fusion import support
+
+aten = torch.ops.aten
+
+
+def _real_float(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype.is_floating_point
+
+
+def accurate_expm1(x):
+    """expm1 of a floating tensor as ``x * ((u - 1) / log(u))``, ``u = exp(x)`` (Kahan);
+    the ratio is 1 where u rounds to 1 (so -0.0 stays -0.0) and inf where u is; -1 where
+    ``u - 1`` is (u underflows, x = -inf)."""
+    if not _real_float(x):
+        return NotImplemented
+    u = aten.exp.default(x)
+    u_minus_1 = aten.sub.Tensor(u, 1)
+    ratio = aten.div.Tensor(u_minus_1, aten.log.default(u))
+    ratio = aten.masked_fill.Scalar(ratio, aten.eq.Scalar(u, 1), 1.0)
+    ratio = aten.masked_fill.Scalar(ratio, aten.eq.Scalar(u, math.inf), math.inf)
+    out = aten.mul.Tensor(x, ratio)
+    return aten.masked_fill.Scalar(out, aten.eq.Scalar(u_minus_1, -1), -1.0)
+
+
+def _pytorch(op):
+    """PyTorch's own decomposition of ``op`` (over expm1 / exp) for floating inputs."""
+    reference = decomposition_table[op]
+
+    def decomposition(x, *args, **kwargs):
+        if not _real_float(x):
+            return NotImplemented
+        return reference(x, *args, **kwargs)
+
+    decomposition.__name__ = f"{op.__name__.split('.')[0]}_over_exp"
+    return decomposition
+
+
+def _on_cpu(fn):
+    """``fn`` on CPU tensors only (MLAS's logistic; ORT's CUDA Sigmoid is eager's form)."""
+
+    def decomposition(x, *args, **kwargs):
+        if not _real_float(x) or x.device.type != "cpu":
+            return NotImplemented
+        return fn(x, *args, **kwargs)
+
+    decomposition.__name__ = fn.__name__
+    return decomposition
+
+
+@_on_cpu
+def sigmoid(x):
+    """``1 / (1 + exp(-x))``: eager's formula, exact to a few ulp at every x."""
+    return aten.reciprocal.default(aten.add.Scalar(aten.exp.default(aten.neg.default(x)), 1))
+
+
+@_on_cpu
+def silu(x):
+    """``x / (1 + exp(-x))``, eager's silu kernel."""
+    return aten.div.Tensor(x, aten.add.Scalar(aten.exp.default(aten.neg.default(x)), 1))
+
+
+@_on_cpu
+def silu_backward(grad, x):
+    """PyTorch's decomposition of silu_backward, over the sigmoid above."""
+    s = sigmoid(x)
+    return aten.mul.Tensor(aten.mul.Tensor(grad, s), aten.add.Scalar(aten.mul.Tensor(x, aten.rsub.Scalar(s, 1)), 1))
+
+
+def softplus_without_kernel(x, beta=1, threshold=20):
+    """PyTorch's softplus (``log1p(exp(beta * x)) / beta``, x above the threshold) where
+    ORT has no Softplus kernel for the dtype."""
+    if not _real_float(x) or support.ort_has_kernel("Softplus", x.dtype, x.device):
+        return NotImplemented
+    return decomposition_table[aten.softplus.default](x, beta, threshold)
+
+
+def table() -> dict:
+    return {
+        aten.expm1.default: accurate_expm1,
+        aten.elu.default: _pytorch(aten.elu.default),
+        aten.celu.default: _pytorch(aten.celu.default),
+        aten.selu.default: _pytorch(aten.selu.default),
+        aten.sigmoid.default: sigmoid,
+        aten.silu.default: silu,
+        aten.silu_backward.default: silu_backward,
+        aten.softplus.default: softplus_without_kernel,
+    }
