@@ -7,12 +7,14 @@ torch_lib's translations are not (registered by ``decompositions.table``):
 * ``elu``, ``celu``, ``selu``: ORT's Elu, Celu and Selu compute ``exp(x) - 1`` (elu(-1e-10)
   was 0 in float32); PyTorch's decompositions over the accurate ``expm1``, as eager's
   kernel does.
-* ``sigmoid``, ``silu`` and ``silu_backward`` on CPU: MLAS's logistic is accurate in
-  absolute terms only (float32 sigmoid(-17.26) was 2.7 times eager's value, 0 below
-  -30; float64 sigmoid(-100) was 0); ``1 / (1 + exp(-x))``, eager's formula. ORT's CUDA
-  Sigmoid computes that form itself, so CUDA keeps its one operator.
-* ``softplus`` without ORT's Softplus kernel (float64 on CPU): ``log1p(exp(x))`` (it was
-  0 for softplus(-100) in float64).
+* ``sigmoid``, ``silu`` and ``silu_backward``: MLAS's logistic (ORT's CPU Sigmoid) is
+  accurate in absolute terms only (float32 sigmoid(-17.26) was 2.7 times eager's value,
+  0 below -30; float64 sigmoid(-100) was 0), and ORT's CUDA Sigmoid computes
+  ``1 - 1 / (1 + exp(x))`` for x <= 0, 0 below about -17 in float32. Eager's formula,
+  ``1 / (1 + exp(-x))``, on every device.
+* ``softplus`` except ORT's CPU kernel, which is accurate (float64 has none and was 0 for
+  softplus(-100); ORT's CUDA Softplus computes ``log(exp(x) + 1)``): ``log1p(exp(x))``,
+  eager's formula.
 """
 
 from __future__ import annotations
@@ -59,11 +61,9 @@ def _pytorch(op):
     return decomposition
 
 
-def _on_cpu(fn):
-    """``fn`` on CPU tensors only (MLAS's logistic; ORT's CUDA Sigmoid is eager's form)."""
-
+def _floating(fn):
     def decomposition(x, *args, **kwargs):
-        if not _real_float(x) or x.device.type != "cpu":
+        if not _real_float(x):
             return NotImplemented
         return fn(x, *args, **kwargs)
 
@@ -71,29 +71,29 @@ def _on_cpu(fn):
     return decomposition
 
 
-@_on_cpu
+@_floating
 def sigmoid(x):
     """``1 / (1 + exp(-x))``: eager's formula, exact to a few ulp at every x."""
     return aten.reciprocal.default(aten.add.Scalar(aten.exp.default(aten.neg.default(x)), 1))
 
 
-@_on_cpu
+@_floating
 def silu(x):
     """``x / (1 + exp(-x))``, eager's silu kernel."""
     return aten.div.Tensor(x, aten.add.Scalar(aten.exp.default(aten.neg.default(x)), 1))
 
 
-@_on_cpu
+@_floating
 def silu_backward(grad, x):
     """PyTorch's decomposition of silu_backward, over the sigmoid above."""
     s = sigmoid(x)
     return aten.mul.Tensor(aten.mul.Tensor(grad, s), aten.add.Scalar(aten.mul.Tensor(x, aten.rsub.Scalar(s, 1)), 1))
 
 
-def softplus_without_kernel(x, beta=1, threshold=20):
-    """PyTorch's softplus (``log1p(exp(beta * x)) / beta``, x above the threshold) where
-    ORT has no Softplus kernel for the dtype."""
-    if not _real_float(x) or support.ort_has_kernel("Softplus", x.dtype, x.device):
+def softplus(x, beta=1, threshold=20):
+    """PyTorch's softplus (``log1p(exp(beta * x)) / beta``, x above the threshold), except
+    where ORT's CPU provider has its Softplus kernel for the dtype (float32)."""
+    if not _real_float(x) or (x.device.type == "cpu" and support.ort_has_kernel("Softplus", x.dtype, x.device)):
         return NotImplemented
     return decomposition_table[aten.softplus.default](x, beta, threshold)
 
@@ -107,5 +107,5 @@ def table() -> dict:
         aten.sigmoid.default: sigmoid,
         aten.silu.default: silu,
         aten.silu_backward.default: silu_backward,
-        aten.softplus.default: softplus_without_kernel,
+        aten.softplus.default: softplus,
     }

@@ -1,17 +1,21 @@
-"""Cost of lort's NaN decompositions (src/lort/capture/decompositions.py) on the benchmark
-models that have such an op (max_pool in the CNN and the ResNets): each model compiled by
-lort with executor='ort' (every group in ORT) with and without the decompositions, timed
-interleaved in one process (without/with, 25 rounds), one thread for PyTorch and ORT.
-Times are process CPU time per call (the median, then the minimum), which a machine
-shared with other work disturbs less than wall time.
+"""Cost of a set of lort's decompositions on the benchmark models that have their ops:
+each model compiled by lort with executor='ort' (every group in ORT) with and without
+them, timed interleaved in one process (without/with, 25 rounds), one thread for PyTorch
+and ORT. Times are process CPU time per call (the median, then the minimum), which a
+machine shared with other work disturbs less than wall time.
 
-    python benchmarks/nan_cost.py [model:scenario ...]   (default: the configurations below)
+    python benchmarks/decomposition_cost.py [--set nan|logistic] [model:scenario ...]
+
+Sets: ``nan``, the NaN decompositions (src/lort/capture/decompositions.py; max_pool in the
+CNN and the ResNets; default configurations below); ``logistic``, sigmoid / silu /
+silu_backward as ``1 / (1 + exp(-x))`` on CPU (src/lort/capture/decompositions_exponential.py;
+SiLU in llama; default configurations ``LOGISTIC_DEFAULT``).
 
 Scenarios ``ortmodule1`` and ``ortmodule8`` time ``lort.ORTModule`` inference instead (batch
 1 / 8, lort's default threads: the direct-inference lane over one frozen ORT session), in
 wall time, with torch's default threads.
 
-Prints markdown rows for benchmarks/nan_semantics.md.
+Prints markdown rows for benchmarks/nan_semantics.md and benchmarks/logistic_cost.md.
 """
 
 from __future__ import annotations
@@ -23,19 +27,33 @@ import time
 import torch
 
 import lort
-from lort.capture import decompositions, export
+from lort.capture import decompositions, decompositions_exponential, export
 from lort.testing.models import CASES, make_torchvision_importable, output_tensor
 
 make_torchvision_importable()
 
 DEFAULT = ["cnn:infer1", "cnn:train", "resnet18:infer1", "resnet18:train", "resnet50:infer1"]
+LOGISTIC_DEFAULT = ["llama:infer1", "llama:infer8", "llama:train", "llama:ortmodule1", "llama:ortmodule8"]
 ROUNDS = 25
 
+_REAL_NAN = decompositions.nan_decompositions
+_REAL_EXPONENTIAL = decompositions_exponential.table
+_LOGISTIC = (torch.ops.aten.sigmoid.default, torch.ops.aten.silu.default, torch.ops.aten.silu_backward.default)
 
-def build(name: str, scenario: str, with_nan: bool, real):
-    decompositions.nan_decompositions = real if with_nan else (lambda: {})
+
+def use(which: str, on: bool) -> None:
+    """Turn the set ``which`` of decompositions on or off (the other set stays on)."""
+    decompositions.nan_decompositions = _REAL_NAN if on or which != "nan" else (lambda: {})
+    if on or which != "logistic":
+        decompositions_exponential.table = _REAL_EXPONENTIAL
+    else:
+        decompositions_exponential.table = lambda: {k: v for k, v in _REAL_EXPONENTIAL().items() if k not in _LOGISTIC}
     decompositions.table.cache_clear()
     export.decomposition_table.cache_clear()
+
+
+def build(name: str, scenario: str, which: str, on: bool):
+    use(which, on)
     torch._dynamo.reset()
     if scenario.startswith("ortmodule"):
         model, args = CASES[name].make(int(scenario[len("ortmodule"):]), seed=0)
@@ -69,19 +87,21 @@ def build(name: str, scenario: str, with_nan: bool, real):
 
 
 def main(argv: list[str]) -> None:
+    which = "nan"
+    if argv[:1] == ["--set"]:
+        which, argv = argv[1], argv[2:]
+    if which not in ("nan", "logistic"):
+        raise SystemExit(f"--set must be nan or logistic, not {which!r}")
     threads = torch.get_num_threads()
-    real = decompositions.nan_decompositions
     print("| model | run | without ms | with ms | with / without | without min ms | with min ms | ATen nodes in ORT without / with |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
-    for config in argv or DEFAULT:
+    for config in argv or (DEFAULT if which == "nan" else LOGISTIC_DEFAULT):
         name, scenario = config.split(":")
         wall = scenario.startswith("ortmodule")
         torch.set_num_threads(threads if wall else 1)
         clock = time.perf_counter if wall else time.process_time
-        off, nodes_off = build(name, scenario, False, real)
-        on, nodes_on = build(name, scenario, True, real)
-        decompositions.nan_decompositions = real
-        decompositions.table.cache_clear()
+        off, nodes_off = build(name, scenario, which, False)
+        on, nodes_on = build(name, scenario, which, True)
         for f in (off, on, off, on):
             f()
         calls = 20 if name == "cnn" and scenario in ("infer1", "ortmodule1") else (4 if scenario == "infer1" else 1)
