@@ -7,14 +7,14 @@ torch_lib's translations are not (registered by ``decompositions.table``):
 * ``elu``, ``celu``, ``selu``: ORT's Elu, Celu and Selu compute ``exp(x) - 1`` (elu(-1e-10)
   was 0 in float32); PyTorch's decompositions over the accurate ``expm1``, as eager's
   kernel does.
-* ``sigmoid``, ``silu`` and ``silu_backward``: MLAS's logistic (ORT's CPU Sigmoid) is
+* ``sigmoid``, ``silu``, ``glu`` and their backward: MLAS's logistic (ORT's CPU Sigmoid) is
   accurate in absolute terms only (float32 sigmoid(-17.26) was 2.7 times eager's value,
   0 below -30; float64 sigmoid(-100) was 0), and ORT's CUDA Sigmoid computes
   ``1 - 1 / (1 + exp(x))`` for x <= 0, 0 below about -17 in float32. Eager's formula,
   ``1 / (1 + exp(-x))``, on every device.
 * ``softplus`` except ORT's CPU kernel, which is accurate (float64 has none and was 0 for
   softplus(-100); ORT's CUDA Softplus computes ``log(exp(x) + 1)``): ``log1p(exp(x))``,
-  eager's formula.
+  eager's formula; ``mish`` there likewise, whose translation has its own softplus.
 """
 
 from __future__ import annotations
@@ -90,12 +90,30 @@ def silu_backward(grad, x):
     return aten.mul.Tensor(aten.mul.Tensor(grad, s), aten.add.Scalar(aten.mul.Tensor(x, aten.rsub.Scalar(s, 1)), 1))
 
 
+def _softplus_kernel_is_accurate(x) -> bool:
+    return x.device.type == "cpu" and support.ort_has_kernel("Softplus", x.dtype, x.device)
+
+
 def softplus(x, beta=1, threshold=20):
     """PyTorch's softplus (``log1p(exp(beta * x)) / beta``, x above the threshold), except
     where ORT's CPU provider has its Softplus kernel for the dtype (float32)."""
-    if not _real_float(x) or (x.device.type == "cpu" and support.ort_has_kernel("Softplus", x.dtype, x.device)):
+    if not _real_float(x) or _softplus_kernel_is_accurate(x):
         return NotImplemented
     return decomposition_table[aten.softplus.default](x, beta, threshold)
+
+
+def _over_softplus(op):
+    """PyTorch's decomposition of ``op`` (mish, whose translation has its own softplus),
+    where softplus above is decomposed."""
+    reference = _pytorch(op)
+
+    def decomposition(x, *args, **kwargs):
+        if not _real_float(x) or _softplus_kernel_is_accurate(args[0] if op is aten.mish_backward.default else x):
+            return NotImplemented
+        return reference(x, *args, **kwargs)
+
+    decomposition.__name__ = reference.__name__
+    return decomposition
 
 
 def table() -> dict:
@@ -108,4 +126,8 @@ def table() -> dict:
         aten.silu.default: silu,
         aten.silu_backward.default: silu_backward,
         aten.softplus.default: softplus,
+        aten.glu.default: _pytorch(aten.glu.default),
+        aten.glu_backward.default: _pytorch(aten.glu_backward.default),
+        aten.mish.default: _over_softplus(aten.mish.default),
+        aten.mish_backward.default: _over_softplus(aten.mish_backward.default),
     }
