@@ -9,7 +9,8 @@ machine shared with other work disturbs less than wall time.
 Sets: ``nan``, the NaN decompositions (src/lort/capture/decompositions.py; max_pool in the
 CNN and the ResNets; default configurations below); ``logistic``, sigmoid / silu /
 silu_backward as ``1 / (1 + exp(-x))`` on CPU (src/lort/capture/decompositions_exponential.py;
-SiLU in llama; default configurations ``LOGISTIC_DEFAULT``).
+SiLU in llama, and ``silu``, the op alone on a (batch, 128, 4096) tensor; default
+configurations ``LOGISTIC_DEFAULT``).
 
 Scenarios ``ortmodule1`` and ``ortmodule8`` time ``lort.ORTModule`` inference instead (batch
 1 / 8, lort's default threads: the direct-inference lane over one frozen ORT session), in
@@ -33,7 +34,8 @@ from lort.testing.models import CASES, make_torchvision_importable, output_tenso
 make_torchvision_importable()
 
 DEFAULT = ["cnn:infer1", "cnn:train", "resnet18:infer1", "resnet18:train", "resnet50:infer1"]
-LOGISTIC_DEFAULT = ["llama:infer1", "llama:infer8", "llama:train", "llama:ortmodule1", "llama:ortmodule8"]
+LOGISTIC_DEFAULT = ["llama:infer1", "llama:infer8", "llama:train", "llama:ortmodule1", "llama:ortmodule8",
+                    "silu:infer1", "silu:infer8", "silu:train"]
 ROUNDS = 25
 
 _REAL_NAN = decompositions.nan_decompositions
@@ -52,11 +54,20 @@ def use(which: str, on: bool) -> None:
     export.decomposition_table.cache_clear()
 
 
+def _make(name: str, batch: int):
+    """A benchmark model, or ``silu`` alone on a (batch, 128, 4096) float32 tensor (the
+    decomposition's cost where the op is all there is)."""
+    if name == "silu":
+        torch.manual_seed(0)
+        return torch.nn.SiLU(), (torch.randn(batch, 128, 4096).requires_grad_(),)
+    return CASES[name].make(batch, seed=0)
+
+
 def build(name: str, scenario: str, which: str, on: bool):
     use(which, on)
     torch._dynamo.reset()
     if scenario.startswith("ortmodule"):
-        model, args = CASES[name].make(int(scenario[len("ortmodule"):]), seed=0)
+        model, args = _make(name, int(scenario[len("ortmodule"):]))
         om = lort.ORTModule(model.eval(), options=lort.Options(executor="ort", disk_cache=False))
 
         def step():
@@ -65,10 +76,10 @@ def build(name: str, scenario: str, which: str, on: bool):
 
         step()
         return step, sum(r.ort_nodes for r in om.transition_manager.records)
-    model, args = CASES[name].make(1 if scenario == "infer1" else 8, seed=0)
+    model, args = _make(name, 1 if scenario == "infer1" else 8)
     backend = lort.LortBackend({"executor": "ort", "disk_cache": False, "intra_op_num_threads": 1})
     fn = torch.compile(model, backend=backend)
-    if scenario == "infer1":
+    if scenario.startswith("infer"):
         model.eval()
 
         def step():
@@ -77,7 +88,7 @@ def build(name: str, scenario: str, which: str, on: bool):
     else:
 
         def step():
-            for p in model.parameters():
+            for p in [*model.parameters(), *args]:
                 p.grad = None
             output_tensor(fn(*args)).float().pow(2).mean().backward()
 
