@@ -31,8 +31,8 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
   addmm, float64 and int64 convolution, float64 average pooling): ``decompositions_kernels``.
 * float floor division and remainder from fmod, integer truncating division, fmax/fmin:
   ``decompositions_rounding``; erf (float64), erfc, erfcx, ndtri, erfinv and log_ndtr:
-  ``decompositions_erf``; expm1, elu/celu/selu, sigmoid and silu (CPU), softplus without
-  its kernel, accurate at small values: ``decompositions_exponential``.
+  ``decompositions_erf``; expm1, elu/celu/selu, sigmoid/silu/glu, softplus and mish
+  where ORT's kernel is not accurate at small values: ``decompositions_exponential``.
 """
 
 from __future__ import annotations

@@ -48,26 +48,22 @@ def accurate_expm1(x):
     return aten.masked_fill.Scalar(out, aten.eq.Scalar(u_minus_1, -1), -1.0)
 
 
-def _pytorch(op):
-    """PyTorch's own decomposition of ``op`` (over expm1 / exp) for floating inputs."""
-    reference = decomposition_table[op]
-
-    def decomposition(x, *args, **kwargs):
-        if not _real_float(x):
-            return NotImplemented
-        return reference(x, *args, **kwargs)
-
-    decomposition.__name__ = f"{op.__name__.split('.')[0]}_over_exp"
-    return decomposition
-
-
 def _floating(fn):
+    """``fn`` for floating inputs; NotImplemented (the op as it is) for others."""
+
     def decomposition(x, *args, **kwargs):
         if not _real_float(x):
             return NotImplemented
         return fn(x, *args, **kwargs)
 
     decomposition.__name__ = fn.__name__
+    return decomposition
+
+
+def _pytorch(op):
+    """PyTorch's own decomposition of ``op`` (over expm1, sigmoid, softplus) for floating inputs."""
+    decomposition = _floating(decomposition_table[op])
+    decomposition.__name__ = f"{op.__name__.split('.')[0]}_decomposed"
     return decomposition
 
 
@@ -104,11 +100,12 @@ def softplus(x, beta=1, threshold=20):
 
 def _over_softplus(op):
     """PyTorch's decomposition of ``op`` (mish, whose translation has its own softplus),
-    where softplus above is decomposed."""
+    where softplus above is decomposed. The first argument (mish_backward's gradient)
+    has the input's dtype and device."""
     reference = _pytorch(op)
 
     def decomposition(x, *args, **kwargs):
-        if not _real_float(x) or _softplus_kernel_is_accurate(args[0] if op is aten.mish_backward.default else x):
+        if not _real_float(x) or _softplus_kernel_is_accurate(x):
             return NotImplemented
         return reference(x, *args, **kwargs)
 
