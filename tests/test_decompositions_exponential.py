@@ -101,16 +101,6 @@ def test_gradients_in_float64(name):
     _all_in_ort(backend)
 
 
-def test_float64_leaky_relu_default_slope_is_not_rounded():
-    """negative_slope's default 0.01, left out of the node, is still a float32 ONNX
-    attribute: the node runs in PyTorch (it gave 0.0099999998 * x in ORT)."""
-    x = torch.tensor([-3.0, -1e-9, 2.0], dtype=torch.float64)
-    got, expected, backend = _through_lort(F.leaky_relu, x)
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    (fallback,) = [f for r in backend.records for f in r.fallbacks]
-    assert fallback[0] == "aten.leaky_relu.default" and "negative_slope=0.01" in fallback[1].detail
-
-
 def test_which_inputs_are_decomposed():
     table = dx.table()
     ints = torch.tensor([1, 2])

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lort.backend import LortBackend
 from lort.capture import decompositions_ops as dops
@@ -247,18 +248,19 @@ def test_scalars_of_promotion_are_exact_through_lort():
         torch.testing.assert_close(g, e, rtol=0, atol=0)
 
 
-def test_float_attributes_of_float64_graphs_stay_in_pytorch():
-    """leaky_relu's slope is an ONNX float (float32) attribute: with 0.1 on float64 the
-    node stays in PyTorch, and the result is eager's exactly."""
-
-    def f(x):
-        return torch.nn.functional.leaky_relu(x * 0.1, 0.1)
-
-    x = torch.linspace(-2, 2, 11, dtype=torch.float64)
-    got, expected, backend = _through_lort(f, x)
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    in_torch = [op for record in backend.records for op, _ in record.fallbacks]
-    assert in_torch == ["aten.leaky_relu.default"]
+def test_float64_leaky_relu_is_exact():
+    """The slope, 0.01 by default, is an ONNX float32 attribute in torch_lib's
+    translation (0.0099999998 * x in ORT); float64 leaky_relu and its backward are
+    PyTorch's decompositions, the slope an exact float64 scalar."""
+    x = torch.tensor([-3.0, -1e-9, 2.0, -0.0], dtype=torch.float64)
+    for f in (F.leaky_relu, lambda v: F.leaky_relu(v, 0.3)):
+        leaf = x.clone().requires_grad_()
+        got, expected, backend = _through_lort(f, leaf)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        (grad,) = torch.autograd.grad(got.sum(), leaf)
+        (wanted,) = torch.autograd.grad(expected.sum(), leaf)
+        torch.testing.assert_close(grad, wanted, rtol=0, atol=0)
+        _all_in_ort(backend)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool])

@@ -98,6 +98,8 @@ def table(previous: dict) -> dict:
         torch.ops.prims.prod.default: prims_prod,
         aten.hardtanh_backward.default: hardtanh_backward,
         aten.native_layer_norm.default: float64_native_layer_norm,
+        aten.leaky_relu.default: float64_leaky_relu,
+        aten.leaky_relu_backward.default: float64_leaky_relu_backward,
         aten.pixel_shuffle.default: integer_pixel_shuffle,
         aten._log_softmax.default: float64_log_softmax,
         aten.logsumexp.default: nan_propagating_logsumexp,
@@ -205,6 +207,21 @@ def float64_native_layer_norm(x, normalized_shape, weight, bias, eps):
     if x.dtype != torch.float64:
         return NotImplemented
     return _pytorch_decomposition(aten.native_layer_norm.default, x, normalized_shape, weight, bias, eps)
+
+
+def float64_leaky_relu(x, negative_slope=0.01):
+    """leaky_relu of float64 as PyTorch's decomposition (where, mul by the slope as an
+    exact float64 scalar): torch_lib writes the slope as ONNX's float32 attribute."""
+    if x.dtype != torch.float64:
+        return NotImplemented
+    return _pytorch_decomposition(aten.leaky_relu.default, x, negative_slope)
+
+
+def float64_leaky_relu_backward(grad, x, negative_slope, self_is_result):
+    """leaky_relu_backward of float64 as PyTorch's decomposition (see float64_leaky_relu)."""
+    if x.dtype != torch.float64:
+        return NotImplemented
+    return _pytorch_decomposition(aten.leaky_relu_backward.default, grad, x, negative_slope, self_is_result)
 
 
 def integer_pixel_shuffle(x, upscale_factor):
