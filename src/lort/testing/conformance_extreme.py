@@ -74,12 +74,6 @@ KNOWN_DIFFERENCES: dict[tuple[str, str | None], str] = {
         f"{_DECOMPOSITION}: eager's kernel computes a1 * b2 - a2 * b1 with a fused multiply-add, "
         "so a product that overflows alone (3e38 * 500) does not (-inf where lort has inf - inf)"
     ) for name in ("cross", "linalg.cross")},
-    ("nn.functional.glu", None): (
-        "ORT's Sigmoid (MLAS) is accurate in absolute terms only: it gives 0 below about -17 "
-        "(float32 sigmoid(-30) 0, PyTorch 9.4e-14; float64 sigmoid(-700) 0, PyTorch 9.9e-305), "
-        "so inf * sigmoid(-700) is NaN in lort, inf in PyTorch (Sigmoid is a kernel the "
-        "benchmark models depend on: SiLU, GLU)"
-    ),
     ("nn.functional.interpolate.linear", None): _INTERPOLATION,
     ("nn.functional.conv_transpose3d", "float32"): (
         "sums of 3e38-scale products overflow to inf or not by their order of summation, "
@@ -92,9 +86,6 @@ KNOWN_DIFFERENCES: dict[tuple[str, str | None], str] = {
     ),
     ("remainder", None): _VECTORIZED_FMOD_REMAINDER,
     ("__rmod__", None): _VECTORIZED_FMOD_REMAINDER,
-    ("nn.functional.celu", "float64"): (
-        "PyTorch's float64 celu of 1e300 overflows inside its kernel (inf); ORT gives 1e300"
-    ),
     ("nn.functional.hardswish", "float32"): (
         "PyTorch's hardswish of |x| > 5.7e37 overflows inside its kernel (x * (x + 3) / 6); "
         "ORT gives the finite value"
