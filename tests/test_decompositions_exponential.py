@@ -12,9 +12,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
 
+from lort.capture import decompositions
 from lort.capture import decompositions_exponential as dx
 from test_decompositions_ops import _all_in_ort, _through_lort
+
+aten = torch.ops.aten
 
 FUNCTIONS = {
     "expm1": torch.expm1,
@@ -98,6 +102,23 @@ def test_gradients_in_float64(name):
     (grad,) = torch.autograd.grad(got.sum(), leaf)
     (wanted,) = torch.autograd.grad(expected.sum(), leaf)
     _relative(grad, wanted, ulps=8)
+    _all_in_ort(backend)
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_float16_is_computed_in_float32(name):
+    """Eager computes float16 in float32 and rounds once; so do the decompositions, run
+    here op by op in eager PyTorch, as a provider with float16 kernels (CUDA) would run
+    them: in float16, exp(11.5) is inf and sigmoid(-11.5) was 0 (eager 1.0e-5). Through
+    lort on CPU, ORT itself computes float16 nodes in float32."""
+    x = torch.cat([torch.linspace(-12, 12, 961), torch.tensor([-11.5, -1e-4, 3e-5, -0.0])]).half()
+    fn = FUNCTIONS[name]
+    traced = make_fx(lambda v: fn(v), decomposition_table=decompositions.table())(x)
+    assert not any(n.target in (aten.sigmoid.default, aten.expm1.default, aten.elu.default, aten.selu.default,
+                                aten.celu.default, aten.silu.default, aten.glu.default) for n in traced.graph.nodes)
+    _relative(traced(x), fn(x), ulps=1)
+    got, expected, backend = _through_lort(fn, x)
+    _relative(got, expected, ulps=1)
     _all_in_ort(backend)
 
 

@@ -37,8 +37,6 @@ def accurate_expm1(x):
     """expm1 of a floating tensor as ``x * ((u - 1) / log(u))``, ``u = exp(x)`` (Kahan);
     the ratio is 1 where u rounds to 1 (so -0.0 stays -0.0) and inf where u is; -1 where
     ``u - 1`` is (u underflows, x = -inf)."""
-    if not _real_float(x):
-        return NotImplemented
     u = aten.exp.default(x)
     u_minus_1 = aten.sub.Tensor(u, 1)
     ratio = aten.div.Tensor(u_minus_1, aten.log.default(u))
@@ -49,11 +47,21 @@ def accurate_expm1(x):
 
 
 def _floating(fn):
-    """``fn`` for floating inputs; NotImplemented (the op as it is) for others."""
+    """``fn`` for floating inputs; NotImplemented (the op as it is) for others. float16
+    and bfloat16 tensors are computed in float32 and rounded once, as eager's kernels do
+    (exp(11.5) overflows float16, where sigmoid(-11.5) does not underflow)."""
 
     def decomposition(x, *args, **kwargs):
         if not _real_float(x):
             return NotImplemented
+        if x.dtype in (torch.float16, torch.bfloat16):
+            low = x.dtype
+
+            def up(a):
+                return aten._to_copy.default(a, dtype=torch.float32) if isinstance(a, torch.Tensor) and a.dtype == low else a
+
+            out = fn(up(x), *(up(a) for a in args), **kwargs)
+            return aten._to_copy.default(out, dtype=low)
         return fn(x, *args, **kwargs)
 
     decomposition.__name__ = fn.__name__
@@ -115,7 +123,7 @@ def _over_softplus(op):
 
 def table() -> dict:
     return {
-        aten.expm1.default: accurate_expm1,
+        aten.expm1.default: _floating(accurate_expm1),
         aten.elu.default: _pytorch(aten.elu.default),
         aten.celu.default: _pytorch(aten.celu.default),
         aten.selu.default: _pytorch(aten.selu.default),
