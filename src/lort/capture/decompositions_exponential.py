@@ -8,7 +8,7 @@ torch_lib's translations are not (registered by ``decompositions.table``):
   was 0 in float32); PyTorch's decompositions over the accurate ``expm1``, as eager's
   kernel does.
 * ``sigmoid``, ``silu``, ``glu`` and their backward: MLAS's logistic (ORT's CPU Sigmoid) is
-  accurate in absolute terms only (float32 sigmoid(-17.26) was 2.7 times eager's value,
+  accurate in absolute terms only (float32 sigmoid(-17.26) was 3.7 times eager's value,
   0 below -30; float64 sigmoid(-100) was 0), and ORT's CUDA Sigmoid computes
   ``1 - 1 / (1 + exp(x))`` for x <= 0, 0 below about -17 in float32. Eager's formula,
   ``1 / (1 + exp(-x))``, on every device.
