@@ -98,18 +98,11 @@ def _softplus_kernel_is_accurate(x) -> bool:
     return x.device.type == "cpu" and support.ort_has_kernel("Softplus", x.dtype, x.device)
 
 
-def softplus(x, beta=1, threshold=20):
-    """PyTorch's softplus (``log1p(exp(beta * x)) / beta``, x above the threshold), except
-    where ORT's CPU provider has its Softplus kernel for the dtype (float32)."""
-    if not _real_float(x) or _softplus_kernel_is_accurate(x):
-        return NotImplemented
-    return decomposition_table[aten.softplus.default](x, beta, threshold)
-
-
-def _over_softplus(op):
-    """PyTorch's decomposition of ``op`` (mish, whose translation has its own softplus),
-    where softplus above is decomposed. The first argument (mish_backward's gradient)
-    has the input's dtype and device."""
+def _where_softplus_kernel_is_not(op):
+    """PyTorch's decomposition of ``op`` (softplus, ``log1p(exp(beta * x)) / beta``; mish,
+    whose translation has its own softplus), except where ORT's CPU provider has its
+    accurate Softplus kernel for the dtype (float32). The first argument (mish_backward's
+    gradient) has the input's dtype and device."""
     reference = _pytorch(op)
 
     def decomposition(x, *args, **kwargs):
@@ -130,9 +123,9 @@ def table() -> dict:
         aten.sigmoid.default: sigmoid,
         aten.silu.default: silu,
         aten.silu_backward.default: silu_backward,
-        aten.softplus.default: softplus,
+        aten.softplus.default: _where_softplus_kernel_is_not(aten.softplus.default),
         aten.glu.default: _pytorch(aten.glu.default),
         aten.glu_backward.default: _pytorch(aten.glu_backward.default),
-        aten.mish.default: _over_softplus(aten.mish.default),
-        aten.mish_backward.default: _over_softplus(aten.mish_backward.default),
+        aten.mish.default: _where_softplus_kernel_is_not(aten.mish.default),
+        aten.mish_backward.default: _where_softplus_kernel_is_not(aten.mish_backward.default),
     }
