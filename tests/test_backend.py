@@ -650,7 +650,7 @@ def test_thread_counts_are_timed_round_robin(monkeypatch):
 
     order = []
 
-    def fake_run(model_bytes, device, options, threads, feeds):
+    def fake_run(model_bytes, device, options, threads, feeds, session=None):
         return lambda: order.append(threads)
 
     monkeypatch.setattr(tuner_module, "_session_run", fake_run)
@@ -677,7 +677,7 @@ def test_thread_timing_goes_on_only_while_one_thread_looks_faster(monkeypatch):
 
     order, cost = [], {}
 
-    def fake_run(model_bytes, device, options, threads, feeds):
+    def fake_run(model_bytes, device, options, threads, feeds, session=None):
         return lambda: (order.append(threads), cost[threads])[1]
 
     monkeypatch.setattr(tuner_module, "_session_run", fake_run)

@@ -14,40 +14,46 @@ from ..options import Options
 from ..runtime.compiled import Boundary
 from ..runtime.dtypes import SUPPORTED_DTYPES
 from ..runtime.frozen import FrozenWeight
-from ..translate import onnx_export
+from ..translate import onnx_export, onnx_model
 
 logger = logging.getLogger("lort")
 
 
 def choose(
     weights: dict[int, tuple[str, torch.Tensor]] | None, boundary: Boundary, device: torch.device,
-    auto: bool = False,
+    auto: bool = False, refused: str | None = None,
 ) -> tuple[tuple[FrozenWeight, ...], dict[str, int]]:
     """The weights among a group's inputs (``weights``: input index -> (name, tensor))
     that can be frozen, and how many stay inputs, by why. ``auto`` (freeze="auto")
     freezes only the weights the run-time check can guard against writes that bypass
-    the version counter: those in CPU memory, where it samples an element."""
+    the version counter: those in CPU memory, where it samples an element. ``refused``:
+    why none is frozen (the graph's weights exceed Options.freeze_max_mb)."""
     frozen, kept = [], {}
     for i, (name, t) in sorted((weights or {}).items()):
-        why = None
-        if boundary.in_perms[i] is not None:
-            why = "enters the group in a permuted layout"
-        elif t.device != device:
-            why = f"is on {t.device}, the group on {device}"
-        elif auto and t.device.type != "cpu":
-            why = (
-                f"is on {t.device.type}, where freeze='auto' cannot see writes that bypass the version "
-                "counter (p.data, DLPack); freeze=True freezes it"
-            )
-        elif t.dtype not in SUPPORTED_DTYPES:
-            why = f"has dtype {t.dtype} (no NumPy type to embed it with)"
-        elif t.layout != torch.strided or t.is_sparse:
-            why = "is not a dense tensor"
+        why = refused or _why_kept(t, boundary.in_perms[i], device, auto)
         if why is None:
             frozen.append(FrozenWeight(i, name, t))
         else:
             kept[why] = kept.get(why, 0) + 1
     return tuple(frozen), kept
+
+
+def _why_kept(t: torch.Tensor, perm, device: torch.device, auto: bool) -> str | None:
+    """Why the weight ``t`` (entering its group in layout ``perm``) stays an input, or None."""
+    if perm is not None:
+        return "enters the group in a permuted layout"
+    if t.device != device:
+        return f"is on {t.device}, the group on {device}"
+    if auto and t.device.type != "cpu":
+        return (
+            f"is on {t.device.type}, where freeze='auto' cannot see writes that bypass the version "
+            "counter (p.data, DLPack); freeze=True freezes it"
+        )
+    if t.dtype not in SUPPORTED_DTYPES:
+        return f"has dtype {t.dtype} (no NumPy type to embed it with)"
+    if t.layout != torch.strided or t.is_sparse:
+        return "is not a dense tensor"
+    return None
 
 
 def frozen_model(model: ir.Model, frozen: tuple[FrozenWeight, ...], tensors: list[torch.Tensor] | None = None) -> ir.Model:
@@ -61,25 +67,30 @@ def frozen_model(model: ir.Model, frozen: tuple[FrozenWeight, ...], tensors: lis
 
 def candidates(model: ir.Model, frozen: tuple[FrozenWeight, ...], options: Options,
                tensors: list[torch.Tensor] | None = None) -> list:
-    """Functions giving (model bytes, ORT fusions that fired), or None where the
+    """Functions giving (``OnnxModel``, ORT fusions that fired), or None where the
     rewrite fails, to try in order: ORT-fused first (with ``options.ort_fusions``),
-    then plain, with the weights frozen. Each is built only when tried, from arrays
-    over the weights' own memory, so that one serialized copy of the weights exists at
-    a time."""
+    then plain, with the weights frozen. The weights never enter the model's bytes:
+    its initializers point ORT at the weights' own memory (translate/onnx_model.py),
+    so no size limit applies. The rewrites run before the weights are frozen: with
+    them as initializers, onnxscript's optimizer folded each linear layer's transposed
+    weight into a new initializer (a copy of every such weight, BERT-base's 374 MB),
+    where ORT folds it into the product or packs it once."""
 
     def fused():
-        fused_bytes, fusions = onnx_export.fuse_for_ort(frozen_model(model, frozen, tensors), in_place=True)
-        return None if fused_bytes is None else (fused_bytes, fusions)
+        rewritten, fusions = onnx_export.fuse_for_ort(model, serializer=lambda m: m)
+        if rewritten is None:
+            return None
+        return onnx_model.serialize(frozen_model(rewritten, frozen, tensors)), fusions
 
     def plain():
-        return onnx_export.serialize(frozen_model(model, frozen, tensors)), {}
+        return onnx_model.serialize(frozen_model(model, frozen, tensors)), {}
 
     return [fused, plain] if options.ort_fusions else [plain]
 
 
 def _array(t: torch.Tensor):
-    """A NumPy array over ``t``'s values (its own memory on CPU: serializing the ONNX
-    model copies it once)."""
+    """A NumPy array over ``t``'s values (its own memory on CPU, where ORT then reads
+    it in place)."""
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()

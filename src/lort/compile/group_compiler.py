@@ -24,7 +24,8 @@ from ..reasons import Placement
 from ..runtime import cuda
 from ..runtime.compiled import Boundary, CompiledGroup, spec_key
 from ..runtime.session import GroupSession, OutputSpec, optimizer_changes
-from ..translate import onnx_export
+from ..runtime.session import stats as session_stats
+from ..translate import onnx_export, onnx_model
 from . import disk_cache, freezing
 from .layout import dense_perm, inverse, is_symbolic, needs_restride, physical_graph, static_shape
 from .tuner import Tuner, synthetic_inputs
@@ -69,16 +70,17 @@ class GroupCompiler:
 
     def compile(
         self, name: str, gm: torch.fx.GraphModule, where: list[int] | None, times: dict | None = None,
-        weights: dict[int, tuple[str, torch.Tensor]] | None = None,
+        weights: dict[int, tuple[str, torch.Tensor]] | None = None, refused: str | None = None,
     ) -> CompiledGroup:
         """The compiled group. ``times`` (if given) gets the seconds per step, also on
         failure. ``weights`` (input index -> (name, tensor)): inputs to freeze into the
-        session as ORT initializers where they can be. Raises TranslationError or
-        SessionCreationError."""
+        session as ORT initializers where they can be; ``refused``: why none is (the
+        graph's weights exceed Options.freeze_max_mb), or None. Raises TranslationError
+        or SessionCreationError."""
         times = {} if times is None else times
         b, phys_gm = boundary(gm)
         device = _device(gm)
-        frozen, kept = freezing.choose(weights, b, device, auto=self.options.freeze == "auto")
+        frozen, kept = freezing.choose(weights, b, device, auto=self.options.freeze == "auto", refused=refused)
         # The ONNX model's inputs (physical layouts): sessions and ORT timing use these.
         metas = [n.meta.get("val") for n in phys_gm.graph.nodes if n.op == "placeholder"]
         fields = dict(name=name, gm=gm, where=_where(gm, where), device=device, boundary=b, prepare_times=times)
@@ -111,10 +113,20 @@ class GroupCompiler:
             model_bytes, fusions = made
             fused = i < len(candidates) - 1  # the plain model is the last candidate
             try:
-                with _timed(times, "timing"):
-                    threads, thread_times = self._choose_threads(model_bytes, device, ort_feeds, b.dynamic)
+                # The group's session with every thread also times that count: a group
+                # whose session is built once (and its frozen weights pre-packed once)
+                # unless one thread wins.
                 with _timed(times, "session"):
-                    sess = GroupSession(model_bytes, device, b.outputs, self.options, name, threads, tf32=tf32)
+                    sess = GroupSession(model_bytes, device, b.outputs, self.options, name, self._max_threads(),
+                                        tf32=tf32, count=False)
+                with _timed(times, "timing"):
+                    threads, thread_times = self._choose_threads(model_bytes, device, ort_feeds, b.dynamic, sess)
+                if threads != self._max_threads():
+                    del sess
+                    with _timed(times, "session"):
+                        sess = GroupSession(model_bytes, device, b.outputs, self.options, name, threads, tf32=tf32)
+                else:
+                    session_stats.add_session()
                 break
             except SessionCreationError as e:
                 if i == len(candidates) - 1:
@@ -211,11 +223,12 @@ class GroupCompiler:
     def _max_threads(self) -> int:
         return self.options.intra_op_num_threads or torch.get_num_threads()
 
-    def _choose_threads(self, model_bytes, device, feeds, dynamic) -> tuple[int, dict]:
+    def _choose_threads(self, model_bytes, device, feeds, dynamic, sess: GroupSession) -> tuple[int, dict]:
+        """``sess``: the group's session with every thread, timed for that count."""
         threads = self._max_threads()
         if self.options.intra_op_num_threads is not None or threads == 1 or dynamic or device.type != "cpu":
             return threads, {}
-        return self.tuner.choose_threads(model_bytes, device, self.options, feeds, threads)
+        return self.tuner.choose_threads(model_bytes, device, self.options, feeds, threads, built=sess.session)
 
     def _choose_executor(self, name, gm, b, sess, feeds, ort_feeds, model_bytes, threads, thread_times):
         """Time the group in PyTorch against its ORT time; keep the faster. On CUDA
@@ -273,12 +286,13 @@ class GroupCompiler:
         logger.debug("lort: %s: loaded from the disk cache", name)
         return compiled
 
-    def _save_onnx(self, name: str, model_bytes: bytes) -> None:
+    def _save_onnx(self, name: str, model) -> None:
+        """With Options.save_onnx: write the model a group runs (frozen weights as ONNX
+        external data in a file beside it)."""
         if self.options.save_onnx:
             os.makedirs(self.options.save_onnx, exist_ok=True)
             path = os.path.join(self.options.save_onnx, f"{name}.onnx")
-            with open(path, "wb") as f:
-                f.write(model_bytes)
+            onnx_model.save(model, path)
             logger.info("lort: wrote %s", path)
 
 

@@ -69,14 +69,18 @@ class Tuner:
 
     # -- decisions -----------------------------------------------------------------
     def choose_threads(
-        self, model_bytes: bytes, device: torch.device, options: Options, feeds: list | None, threads: int
+        self, model_bytes, device: torch.device, options: Options, feeds: list | None, threads: int,
+        built=None,
     ) -> tuple[int, dict[int, float | None]]:
         """The thread count for a CPU group (``threads`` or 1) and the times it was
-        chosen by. Raises SessionCreationError if ORT refuses the model."""
+        chosen by; ``built``: an ORT session of the model with ``threads`` threads, timed
+        for that count instead of a new one. Raises SessionCreationError if ORT refuses
+        the model."""
         if feeds is None:
             return threads, {}
         times = self.time_sessions(model_bytes, device, options, (threads, 1), feeds,
-                                   settled=lambda best: not self._one_thread_wins(best, threads))
+                                   settled=lambda best: not self._one_thread_wins(best, threads),
+                                   built=None if built is None else {threads: built})
         return (1 if self._one_thread_wins(times, threads) else threads), times
 
     def _one_thread_wins(self, times: dict[int, float | None], threads: int) -> bool:
@@ -106,8 +110,9 @@ class Tuner:
         return median_run_time(_session_run(model_bytes, device, options, threads, feeds))
 
     def time_sessions(
-        self, model_bytes: bytes, device: torch.device, options: Options, counts: tuple[int, ...], feeds: list,
+        self, model_bytes, device: torch.device, options: Options, counts: tuple[int, ...], feeds: list,
         warmup: int = 2, samples: int = 7, settled: Callable[[dict], bool] | None = None,
+        built: dict | None = None,
     ) -> dict[int, float | None]:
         """Seconds of a run of a throwaway session per thread count in ``counts``, on
         NumPy ``feeds``: the fastest of samples taken round-robin (drift in the machine's
@@ -122,12 +127,13 @@ class Tuner:
         SessionCreationError."""
         if device.type != "cpu":
             return {counts[0]: None}
-        runs = {counts[0]: _session_run(model_bytes, device, options, counts[0], feeds)}
+        built = built or {}
+        runs = {counts[0]: _session_run(model_bytes, device, options, counts[0], feeds, built.get(counts[0]))}
         first = _seconds(runs[counts[0]])
         if first is None or first > self.parallel_work_s:
             return {counts[0]: first}
         for n in counts[1:]:
-            runs[n] = _session_run(model_bytes, device, options, n, feeds)
+            runs[n] = _session_run(model_bytes, device, options, n, feeds, built.get(n))
         best: dict[int, float | None] = {n: float("inf") for n in runs}
         spent = 0.0
         for i in range(warmup + max(samples, self.thread_max_samples)):
@@ -206,8 +212,12 @@ class Tuner:
                 return {name: min(v) for name, v in samples.items()}
 
 
-def _session_run(model_bytes: bytes, device: torch.device, options: Options, threads: int, feeds: list) -> Callable:
-    session = create_session(model_bytes, device, options, "timing", threads, count=False)
+def _session_run(model_bytes, device: torch.device, options: Options, threads: int, feeds: list,
+                 session=None) -> Callable:
+    """A run of ``session`` (a throwaway one of ``model_bytes`` with ``threads`` threads
+    where None) on ``feeds``."""
+    if session is None:
+        session = create_session(model_bytes, device, options, "timing", threads, count=False)
     named = {i.name: f for i, f in zip(session.get_inputs(), feeds)}
     return lambda: session.run(None, named)
 
@@ -225,18 +235,32 @@ def _seconds(run: Callable) -> float | None:
 def synthetic_inputs(metas) -> list | None:
     """Inputs of the placeholders' shapes and dtypes to time on (NumPy, as compilation
     runs under FakeTensorMode); integer inputs are zeros (valid indices). None when a
-    placeholder is not a tensor of static shape and timed dtype (bfloat16 is not)."""
-    rng = np.random.default_rng(0)
-    out = []
+    placeholder is not a tensor of static shape and timed dtype (bfloat16 is not).
+
+    The inputs of one dtype are views of one buffer, the size of the largest: timing
+    reads them and never writes them (a group holds no in-place op), so a group whose
+    inputs are a model's weights costs the memory of its largest weight, not a second
+    copy of the model."""
+    shapes = []
     for m in metas:
         dtype = TABLE.get(m.dtype) if isinstance(m, torch.Tensor) else None
         if dtype is None or dtype.numpy is None or static_shape(m) is None:
             return None
-        if m.dtype.is_floating_point:
-            out.append(rng.standard_normal(static_shape(m)).astype(dtype.numpy))
-        else:
-            out.append(np.zeros(static_shape(m), dtype=dtype.numpy))
-    return out
+        shapes.append((static_shape(m), np.dtype(dtype.numpy), m.dtype.is_floating_point))
+    pools: dict = {}
+    for shape, dtype, floating in shapes:
+        size = max(int(np.prod(shape, dtype=np.int64)), pools.get((dtype, floating), 0))
+        pools[(dtype, floating)] = size
+    rng = np.random.default_rng(0)
+    for (dtype, floating), size in pools.items():
+        if not floating:
+            pools[(dtype, floating)] = np.zeros(size, dtype=dtype)
+        elif dtype in (np.float32, np.float64):
+            pools[(dtype, floating)] = rng.standard_normal(size, dtype=dtype)
+        else:  # float16: drawn in float32 (NumPy draws no other type)
+            pools[(dtype, floating)] = rng.standard_normal(size, dtype=np.float32).astype(dtype)
+    return [pools[(dtype, floating)][: int(np.prod(shape, dtype=np.int64))].reshape(shape)
+            for shape, dtype, floating in shapes]
 
 
 def median_run_time(

@@ -213,12 +213,30 @@ def _sample_at(t: torch.Tensor) -> tuple[torch.Tensor, int] | None:
     d = t.detach()
     flat = 0
     if d.is_floating_point():
-        magnitude = d.abs() if d.dtype in (torch.float32, torch.float64) else d.abs().float()
-        flat = int(torch.where(torch.isfinite(magnitude), magnitude, -1).reshape(-1).argmax())
+        flat = _first_largest(d, lambda part: torch.where(torch.isfinite(part), part.abs(), -1).double())
         d = d.view(_BITS[d.dtype])
     elif d.dtype != torch.bool:
-        flat = int(d.abs().reshape(-1).argmax()) if d.is_signed() else int(d.reshape(-1).argmax())
+        flat = _first_largest(d, (lambda part: part.abs()) if d.is_signed() else (lambda part: part))
     return d, flat
+
+
+#: Elements read at a time to find the sampled one: temporaries stay a few MB, where
+#: whole-tensor ones were three times the largest weight at freezing time.
+_CHUNK = 1 << 20
+
+
+def _first_largest(d: torch.Tensor, key) -> int:
+    """The flat (row-major) index of the first element of ``d`` with the largest ``key``,
+    read a chunk at a time."""
+    flat = d.reshape(-1)  # a view, but for a weight that is not contiguous
+    best, at = None, 0
+    for start in range(0, flat.numel(), _CHUNK):
+        values = key(flat[start:start + _CHUNK])
+        i = int(values.argmax())
+        value = values[i].item()
+        if best is None or value > best:
+            best, at = value, start + i
+    return at
 
 
 def _reader(d: torch.Tensor, flat: int) -> tuple:

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 import onnx
 import onnxruntime as ort
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import SessionCreationError
 from ..options import Options
+from ..translate.onnx_model import OnnxModel, model_bytes as _proto
 from . import cuda, providers
 from .dtypes import ELEMENT_TYPES
 
@@ -106,18 +108,21 @@ class GroupSession:
 
     def __init__(
         self,
-        model_bytes: bytes,
+        model: OnnxModel | bytes,
         device: torch.device,
         outputs: list[OutputSpec],
         options: Options,
         name: str,
         threads: int | None = None,
         tf32: bool = False,
+        count: bool = True,
     ):
+        """``count``: counted in ``stats.sessions_created`` now (else the caller counts
+        it once it keeps it)."""
         self.name = name
         self.device = device
         self.outputs = outputs
-        self.session = create_session(model_bytes, device, options, name, threads, tf32=tf32)
+        self.session = create_session(model, device, options, name, threads, count=count, tf32=tf32)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._ort_device = _ort_device(device)
@@ -222,35 +227,73 @@ class GroupSession:
 
 
 def create_session(
-    model_bytes: bytes,
+    model: OnnxModel | bytes,
     device: torch.device,
     options: Options,
     name: str,
     threads: int | None,
     count: bool = True,
     tf32: bool = False,
+    so: ort.SessionOptions | None = None,
 ):
+    """An ORT session of ``model``; its external initializers (an ``OnnxModel``'s frozen
+    weights) are read from their tensors' memory (``share_initializers``)."""
+    so = session_options(options, threads, quiet=not count) if so is None else so
     try:
+        with unset_fake_temporarily():  # sessions are built while compiling, under FakeTensorMode
+            shared = share_initializers(so, model.external) if isinstance(model, OnnxModel) else ()
         session = ort.InferenceSession(
-            model_bytes,
-            sess_options=session_options(options, threads, quiet=not count),
-            providers=providers.for_device(device, options.providers, tf32),
+            _proto(model), sess_options=so, providers=providers.for_device(device, options.providers, tf32),
         )
     except Exception as e:
         raise SessionCreationError(f"ONNX Runtime could not build a session for group {name!r}: {e}") from e
     # onnxruntime's Python wrapper keeps the model bytes to rebuild the session on a
-    # provider failure; lort handles run failures itself (runtime/group.py), and a model
-    # with frozen weights holds a copy of them.
+    # provider failure; lort handles run failures itself (runtime/group.py).
     session.disable_fallback()
     if hasattr(session, "_model_bytes"):
         session._model_bytes = None
+    # What ORT reads in place: it lives as long as the session.
+    session._lort_shared_initializers = shared
     if count:
         stats.add_session()
     return session
 
 
+def share_initializers(so: ort.SessionOptions, external) -> tuple:
+    """Hand ORT each external initializer ``(name, tensor, ONNX type)`` from the
+    tensor's own memory, twice: as the initializer's data for ORT's graph optimizer
+    (``add_external_initializers``: ORT copies it while it builds the session and frees
+    the copy after), and as the initializer the session runs on (``add_initializer``:
+    shared, never copied; ORT pre-packs its own copy only for the kernels that pack).
+    The optimizer never sees a placeholder: folding reads the real values. Returns the
+    OrtValues and tensors, which must outlive the session."""
+    if not external:
+        return ()
+    names, graph_values, keep = [], [], []
+    for name, tensor, onnx_type in external:
+        # The optimizer reads the data on the CPU (a copy for a CUDA tensor); the session
+        # runs on the tensor's own device memory.
+        host = tensor if tensor.device.type == "cpu" else tensor.cpu()
+        graph_value = _ort_value(host, onnx_type)
+        run_value = graph_value if host is tensor else _ort_value(tensor, onnx_type)
+        so.add_initializer(name, run_value)
+        names.append(name)
+        graph_values.append(graph_value)
+        keep.append((tensor, host, graph_value, run_value))
+    so.add_external_initializers(names, graph_values)
+    return tuple(keep)
+
+
+def _ort_value(tensor: torch.Tensor, onnx_type: int) -> ort.OrtValue:
+    """An OrtValue over ``tensor``'s memory, of ONNX element type ``onnx_type`` (the
+    tensor may be an integer stand-in of the same width for a type torch lacks)."""
+    if tensor.device.type == "cpu":
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(tensor.numpy(), onnx_type)
+    return ort.OrtValue.from_dlpack(tensor)
+
+
 def optimizer_changes(
-    model_bytes: bytes, device: torch.device, options: Options, threads: int | None, tf32: bool = False
+    model: OnnxModel | bytes, device: torch.device, options: Options, threads: int | None, tf32: bool = False
 ) -> dict[str, int]:
     """How ORT's optimizer changes ``model_bytes`` in a session like the group's: per op
     type ("Conv", "com.microsoft:FusedConv"), how many more (> 0) or fewer (< 0) nodes
@@ -265,9 +308,9 @@ def optimizer_changes(
         so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
         so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
         so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-        ort.InferenceSession(model_bytes, sess_options=so, providers=providers.for_device(device, options.providers, tf32))
+        create_session(model, device, options, "optimizer record", threads, count=False, tf32=tf32, so=so)
         after = ops(onnx.load(so.optimized_model_filepath, load_external_data=False))
-    before = ops(onnx.load_from_string(model_bytes))
+    before = ops(onnx.load_from_string(_proto(model)))
     changes = {op: after[op] - before[op] for op in sorted(set(after) | set(before))}
     return {op: d for op, d in changes.items() if d}
 

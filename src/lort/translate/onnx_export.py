@@ -36,11 +36,12 @@ def deserialize(model_bytes: bytes) -> ir.Model:
     return ir.serde.deserialize_model(onnx.ModelProto.FromString(model_bytes))
 
 
-def fuse_for_ort(model: ir.Model, in_place: bool = False) -> tuple[bytes | None, dict[str, int]]:
+def fuse_for_ort(model: ir.Model, in_place: bool = False, serializer=None) -> tuple[object, dict[str, int]]:
     """The model rewritten with onnxscript's ORT fusions (GELU, skip layer norm,
-    attention, fused matmuls, ...) and the count of each fusion that fired; (None, {})
-    when the rewrite fails or changes the model's interface. ``model`` is not changed,
-    unless ``in_place`` (no copy: a model holding frozen weights is not copied)."""
+    attention, fused matmuls, ...), serialized by ``serializer`` (``serialize``: bytes),
+    and the count of each fusion that fired; (None, {}) when the rewrite fails or
+    changes the model's interface. ``model`` is not changed, unless ``in_place`` (no
+    copy: a model holding frozen weights is not copied)."""
     copy = model if in_place else ir.serde.deserialize_model(ir.serde.serialize_model(model))
     io_names = _io_names(model)
     try:
@@ -51,7 +52,7 @@ def fuse_for_ort(model: ir.Model, in_place: bool = False) -> tuple[bytes | None,
     if _io_names(fused) != io_names:
         logger.info("lort: ORT fusion rewrites changed the interface of %s; not used", model.graph.name)
         return None, {}
-    return serialize(fused), {k: v for k, v in counts.items() if v}
+    return (serializer or serialize)(fused), {k: v for k, v in counts.items() if v}
 
 
 def _io_names(model: ir.Model) -> tuple[list, list]:
@@ -115,8 +116,9 @@ def single_node_graph(node: torch.fx.Node) -> torch.fx.GraphModule:
 
 def freeze_inputs(model: ir.Model, arrays: dict[int, object]) -> ir.Model:
     """A copy of ``model`` in which input ``i`` of each ``arrays`` entry is an
-    initializer holding that array (NumPy, kept by reference until serialized), so that
-    ORT can fold, fuse and pre-pack it. The other inputs keep their order."""
+    initializer holding that array (NumPy, by reference: onnx_model.serialize leaves it
+    in the weight's memory), so that ORT can fold, fuse and pre-pack it. The other
+    inputs keep their order."""
     frozen = ir.serde.deserialize_model(ir.serde.serialize_model(model))
     inputs = list(frozen.graph.inputs)
     frozen.graph.inputs.clear()
