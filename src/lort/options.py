@@ -21,6 +21,7 @@ ENV_DISK_CACHE = "LORT_DISK_CACHE"
 ENV_CACHE_DIR = "LORT_CACHE_DIR"
 ENV_PROGRESS = "LORT_PROGRESS"
 ENV_FREEZE = "LORT_FREEZE"
+ENV_FREEZE_MAX_MB = "LORT_FREEZE_MAX_MB"
 FREEZE_MODES = ("auto", True, False)
 
 
@@ -151,6 +152,13 @@ class Options:
     #: on every device and skips the sampled element; False keeps weights as inputs.
     #: Env LORT_FREEZE (auto, 1, 0).
     freeze: "str | bool" = dataclasses.field(default_factory=_env_freeze)
+    #: freeze="auto" freezes a graph's weights only while they total at most this many
+    #: MiB (each tensor counted once). ORT reads frozen weights in place, but keeps its
+    #: own pre-packed copy of the ones its GEMM and convolution kernels pack, and of the
+    #: ones it folds (batch norm into a convolution): up to one more copy of the weights.
+    #: Above the limit they stay inputs and ORT holds none of them (BERT-base's 418 MiB:
+    #: benchmarks/scale.md). freeze=True freezes at any size. Env LORT_FREEZE_MAX_MB.
+    freeze_max_mb: float = dataclasses.field(default_factory=lambda: _env_float(ENV_FREEZE_MAX_MB, 128.0))
 
     def __post_init__(self) -> None:
         if self.mode not in RUN_MODES:
@@ -175,6 +183,9 @@ class Options:
             raise ValueError(f"lort option schema_cache_size={self.schema_cache_size!r} must be an int >= 1")
         if not any(self.freeze is m if isinstance(m, bool) else self.freeze == m for m in FREEZE_MODES):
             raise ValueError(f"lort option freeze={self.freeze!r} is not one of {FREEZE_MODES}")
+        if isinstance(self.freeze_max_mb, bool) or not isinstance(self.freeze_max_mb, (int, float)) \
+                or not self.freeze_max_mb >= 0:
+            raise ValueError(f"lort option freeze_max_mb={self.freeze_max_mb!r} must be a number >= 0")
         if not isinstance(self.direct_inference, bool):
             raise ValueError(f"lort option direct_inference={self.direct_inference!r} must be True or False")
         if not isinstance(self.progress, bool):

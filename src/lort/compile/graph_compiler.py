@@ -67,7 +67,8 @@ class GraphCompiler:
                     if reason is not None:
                         unsupported[node] = reason
         by_node = _weight_nodes(gm, weights) if self.options.mode != "pytorch" else {}
-        groups, modules = self._fuse_and_compile(gm, unsupported, name, by_node)
+        refused = self._freeze_refused(by_node)
+        groups, modules = self._fuse_and_compile(gm, unsupported, name, by_node, refused)
         if self.cache and not cached:
             self.cache.store_record(plan_key, {"unsupported": {n.name: r.to_json() for n, r in unsupported.items()}})
         record.set_result(groups, modules, unsupported)
@@ -109,22 +110,37 @@ class GraphCompiler:
         logger.debug("lort: partition of %d nodes read from the disk cache", len(by_name))
         return unsupported
 
-    def _fuse_and_compile(self, gm, unsupported, prefix, weights):
+    def _freeze_refused(self, weights: dict) -> str | None:
+        """Why freeze="auto" keeps this graph's weights as inputs (they exceed
+        Options.freeze_max_mb), or None."""
+        if self.options.freeze != "auto" or not weights:
+            return None
+        storages = {}
+        for _, t in weights.values():
+            storages[(t.device, t.untyped_storage().data_ptr())] = t.untyped_storage().nbytes()
+        total_mb = sum(storages.values()) / 2**20
+        if total_mb <= self.options.freeze_max_mb:
+            return None
+        return (f"the graph's weights ({total_mb:.0f} MiB) exceed freeze_max_mb ({self.options.freeze_max_mb:g}); "
+                "frozen, ORT would keep its own pre-packed copy of them (freeze=True freezes them)")
+
+    def _fuse_and_compile(self, gm, unsupported, prefix, weights, refused):
         steps = progress.PrepareProgress(self.options, prefix)
         try:
-            groups, modules = self._fuse_rounds(gm, unsupported, prefix, steps, weights)
+            groups, modules = self._fuse_rounds(gm, unsupported, prefix, steps, weights, refused)
         finally:
             steps.close()
         steps.log(groups, modules)
         return groups, modules
 
-    def _fuse_rounds(self, gm, unsupported, prefix, steps: progress.PrepareProgress, weights: dict):
+    def _fuse_rounds(self, gm, unsupported, prefix, steps: progress.PrepareProgress, weights: dict, refused):
         opts = self.options
         for _ in range(MAX_REFUSE):
             # Frozen weights are no inputs of a group's session: they do not count
             # towards max_group_args.
             groups = fuser.find_groups(
-                gm.graph, lambda n: n not in unsupported, opts.max_group_args, prefix=prefix, free_inputs=set(weights)
+                gm.graph, lambda n: n not in unsupported, opts.max_group_args, prefix=prefix,
+                free_inputs=set() if refused else set(weights),
             )
             if opts.mode != "pytorch":
                 steps.start_round(len(groups))
@@ -138,7 +154,7 @@ class GraphCompiler:
                 times: dict = {}
                 try:
                     own = {k: weights[n] for k, n in enumerate(grp.inputs) if n in weights}
-                    compiled = self.groups.compile(grp.name, sub, where, times, own)
+                    compiled = self.groups.compile(grp.name, sub, where, times, own, refused)
                 except (TranslationError, SessionCreationError) as e:
                     steps.group_done(False, times)
                     bad = self._find_failing_nodes(grp)

@@ -181,3 +181,53 @@ CUDA_CASES = {
     "resnet50": Case("resnet50", lambda b: timm_model("resnet50", batch=b, size=224)),
     "vit_s16": Case("vit_s16", lambda b: timm_model("vit_small_patch16_224", batch=b, size=224)),
 }
+
+
+def bert_base(batch=1, seq=128, seed=0):
+    """transformers' BERT-base (BertConfig()'s defaults: 12 layers of 768, 110M parameters)."""
+    make_torchvision_importable()
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig()
+    model = transformers.BertModel(cfg)
+    return model, (torch.randint(0, cfg.vocab_size, (batch, seq)),)
+
+
+def gpt2_small(batch=1, seq=128, seed=0):
+    """transformers' GPT-2 small with its LM head (GPT2Config()'s defaults, 124M
+    parameters); called with ``labels``, it returns its language-model loss."""
+    make_torchvision_importable()
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config()
+    model = transformers.GPT2LMHeadModel(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+    return model, (ids,), {"labels": ids}
+
+
+def llama_2gb(batch=1, seq=128, layers=18, seed=0):
+    """A Llama-style causal LM past 2 GB of float32 weights: hidden 2048, SwiGLU 5632,
+    32 heads with 4 key/value heads, a 32000-token vocabulary, untied head (18 layers:
+    0.92B parameters, 3.7 GB). Called with ``use_cache=False`` (one forward over the
+    prompt, as in scoring or a prefill)."""
+    make_torchvision_importable()
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
+        num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False,
+    )
+    model = transformers.LlamaForCausalLM(cfg)
+    return model, (torch.randint(0, cfg.vocab_size, (batch, seq)),), {"use_cache": False}
+
+
+#: The models at the sizes users run (benchmarks/scale.py): each builder returns
+#: (model, args, kwargs).
+SCALE_CASES = {
+    "bert_base": lambda b=1: (*bert_base(batch=b), {}),
+    "gpt2_small": lambda b=1: gpt2_small(batch=b),
+    "llama_2gb": lambda b=1: llama_2gb(batch=b),
+}

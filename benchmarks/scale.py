@@ -1,0 +1,276 @@
+"""lort at the sizes users run: first call, steady time and memory, beside eager and inductor.
+
+Cases (lort.testing.models.SCALE_CASES, random weights from transformers configs):
+``bert_base`` inference and training (BertModel(BertConfig()), batch 1 x 128 tokens),
+``gpt2_small`` training (GPT2LMHeadModel(GPT2Config()) with its LM loss, batch 1 x 128)
+and ``llama_2gb`` inference (a Llama-style causal LM of 0.92B parameters, 3.7 GB of
+float32 weights, batch 1 x 128 tokens, ``use_cache=False``).
+
+Each (case, backend) runs in a fresh Python process that imports alike (torch,
+transformers, lort, onnxruntime, onnxscript, torch._dynamo, torch._inductor), builds the
+model (and, for training, an AdamW optimizer), runs ``gc.collect()`` and reads its RSS:
+the **baseline**. Then it makes the first call (inference: under ``torch.no_grad()``;
+training: forward, backward, AdamW step, ``zero_grad``) and ``--calls`` more:
+
+- **first s**: the first call, compile included; lort with an empty disk cache and
+  inductor with an empty cache directory, each a new temporary directory;
+- **steady ms**: median of the later calls;
+- **peak MiB**: the process's highest RSS (VmHWM) during the first call, the compile
+  included; ratio to eager's;
+- **resident MiB**: RSS after the first call and ``gc.collect()`` (no malloc_trim: what
+  the process holds as a user sees it); ratio to eager's; **trimmed**: the same after
+  glibc's ``malloc_trim(0)``.
+
+``--speed`` times training steps interleaved instead: one process per case holds the
+model once per backend (same initial weights), warms each up, then runs the backends'
+steps round-robin and reports each one's median step and its ratio to eager's
+(eager / backend: above 1 is faster than eager).
+
+    python benchmarks/scale.py [--cases bert_base:infer,bert_base:train,...] [--backends eager,inductor,lort,ortmodule]
+    python benchmarks/scale.py --speed [--cases bert_base,gpt2_small] [--rounds 30]
+
+Writes benchmarks/scale.md (``--out``), replacing the section it writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BACKENDS = ["eager", "inductor", "lort", "ortmodule"]
+CASES = ["bert_base:infer", "bert_base:train", "gpt2_small:train", "llama_2gb:infer"]
+
+PRELUDE = r"""
+import ctypes, gc, json, statistics, sys, time
+import torch
+from lort.testing.models import SCALE_CASES, make_torchvision_importable, output_tensor
+make_torchvision_importable()
+import transformers, lort, onnxruntime, onnxscript, torch._dynamo, torch._inductor.config  # alike in every process
+sys.path.insert(0, sys.argv[1])
+from rss import Sampler, reset_hwm, status, trim
+
+
+def compiled(model, backend):
+    if backend == "eager":
+        return model
+    if backend == "inductor":
+        return torch.compile(model)
+    if backend == "lort":
+        return torch.compile(model, backend="lort")
+    return lort.ORTModule(model)
+
+
+def step_fn(fn, model, args, kwargs, train):
+    if not train:
+        def step():
+            with torch.no_grad():
+                out = fn(*args, **kwargs)
+            del out
+        return step
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def step():
+        out = fn(*args, **kwargs)
+        loss = out.loss if getattr(out, "loss", None) is not None else output_tensor(out).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+"""
+
+MEMORY_CHILD = PRELUDE + r"""
+case, task, backend, calls = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+train = task == "train"
+model, args, kwargs = SCALE_CASES[case]()
+model.train(train)
+weights = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t for t in model.state_dict().values()}.values())
+fn = compiled(model, backend)
+step = step_fn(fn, model, args, kwargs, train)
+gc.collect()
+use_hwm = reset_hwm()
+sampler = None if use_hwm else Sampler()
+peak_of = (lambda: status()["VmHWM"]) if use_hwm else (lambda: sampler.take())
+if sampler:
+    sampler.take()
+baseline = status()["VmRSS"]
+t0 = time.perf_counter()
+step()
+first = time.perf_counter() - t0
+peak_first = peak_of()
+gc.collect()
+resident = status()["VmRSS"]
+trim()
+trimmed = status()["VmRSS"]
+times = []
+for _ in range(calls):
+    t0 = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t0)
+peak = max(peak_first, peak_of())
+gc.collect()
+resident_end = status()["VmRSS"]
+if sampler:
+    sampler.stop = True
+ort_runs = lort.stats.ort_runs
+print(json.dumps(dict(baseline=baseline, weights=weights, first=first, peak_first=peak_first, peak=peak,
+                      resident=resident, trimmed=trimmed, resident_end=resident_end,
+                      steady=statistics.median(times), ort_runs=ort_runs,
+                      method="VmHWM" if use_hwm else "sampled VmRSS")))
+"""
+
+SPEED_CHILD = PRELUDE + r"""
+import copy
+case, rounds, backends = sys.argv[2], int(sys.argv[3]), sys.argv[4].split(",")
+model, args, kwargs = SCALE_CASES[case]()
+model.train(True)
+steps = {}
+for b in backends:
+    m = copy.deepcopy(model)
+    steps[b] = step_fn(compiled(m, b), m, args, kwargs, True)
+    for _ in range(3):  # compile, then warm
+        steps[b]()
+    gc.collect()
+times = {b: [] for b in backends}
+for r in range(rounds):
+    order = backends if r % 2 == 0 else backends[::-1]
+    for b in order:
+        t0 = time.perf_counter()
+        steps[b]()
+        times[b].append(time.perf_counter() - t0)
+print(json.dumps({b: statistics.median(v) for b, v in times.items()}))
+"""
+
+
+def run_child(script: str, *args: str, timeout: int = 3600) -> dict:
+    with tempfile.TemporaryDirectory(prefix="lort-scale-") as tmp:
+        env = dict(os.environ, LORT_CACHE_DIR=os.path.join(tmp, "lort"),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"), LORT_PROGRESS="0")
+        out = subprocess.run([sys.executable, "-c", script, HERE, *args], env=env, capture_output=True, text=True,
+                             timeout=timeout)
+    if out.returncode != 0:
+        tail = out.stderr.strip().splitlines()
+        return {"error": (tail[-1] if tail else f"exit {out.returncode}")[:300]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def mib(b: float) -> str:
+    return f"{b / 2**20:.0f}"
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x"
+
+
+def memory_table(results: dict) -> list[str]:
+    lines = []
+    for case, by_backend in results.items():
+        e = by_backend.get("eager", {})
+        ind = by_backend.get("inductor", {})
+        weights = next((r["weights"] for r in by_backend.values() if "weights" in r), 0)
+        lines += [
+            f"### {case} (weights {mib(weights)} MiB)",
+            "",
+            "| backend | first s | steady ms | vs eager | vs inductor | baseline MiB | peak MiB (first call) "
+            "| peak / eager's | resident MiB | resident / eager's | trimmed MiB | ORT runs |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for b, r in by_backend.items():
+            if "error" in r:
+                lines.append(f"| {b} | failed: {r['error']} |" + " |" * 10)
+                continue
+            ok_e, ok_i = "steady" in e, "steady" in ind
+            lines.append(
+                f"| {b} | {r['first']:.1f} | {r['steady'] * 1e3:.1f} "
+                f"| {ratio(e['steady'], r['steady']) if ok_e else '-'} "
+                f"| {ratio(ind['steady'], r['steady']) if ok_i else '-'} "
+                f"| {mib(r['baseline'])} | {mib(r['peak_first'])} "
+                f"| {ratio(r['peak_first'], e['peak_first']) if ok_e else '-'} | {mib(r['resident'])} "
+                f"| {ratio(r['resident'], e['resident']) if ok_e else '-'} | {mib(r['trimmed'])} | {r['ort_runs']} |"
+            )
+        lines.append("")
+    return lines
+
+
+def speed_table(results: dict, backends: list[str]) -> list[str]:
+    lines = [
+        "| case | " + " | ".join(f"{b} ms" for b in backends) + " | "
+        + " | ".join(f"{b} vs eager" for b in backends if b != "eager") + " |",
+        "|---|" + "---:|" * (2 * len(backends) - 1),
+    ]
+    for case, r in results.items():
+        if "error" in r:
+            lines.append(f"| {case} | failed: {r['error']} |")
+            continue
+        cells = [f"{r[b] * 1e3:.1f}" for b in backends]
+        cells += [ratio(r["eager"], r[b]) for b in backends if b != "eager"]
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def machine() -> str:
+    import onnxruntime
+    import torch
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    return (f"Machine: {cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}; Python "
+            f"{platform.python_version()}, torch {torch.__version__}, onnxruntime {onnxruntime.__version__}.")
+
+
+def write_section(path: str, marker: str, lines: list[str]) -> None:
+    """Replace the section between ``<!-- marker -->`` and ``<!-- /marker -->`` in ``path``
+    (appended if missing)."""
+    begin, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+    text = open(path).read() if os.path.exists(path) else ""
+    block = "\n".join([begin, *lines, end])
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=None)
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--speed", action="store_true")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--out", default=os.path.join(HERE, "scale.md"))
+    a = ap.parse_args(argv)
+    backends = a.backends.split(",")
+    stamp = f"Taken {datetime.date.today()} by `python benchmarks/scale.py {' '.join(argv or sys.argv[1:])}`."
+    if a.speed:
+        cases = (a.cases or "bert_base,gpt2_small").split(",")
+        results = {}
+        for case in cases:
+            results[case] = run_child(SPEED_CHILD, case, str(a.rounds), ",".join(backends))
+            print(case, results[case], flush=True)
+        lines = [stamp, machine(), "", *speed_table(results, backends)]
+        print("\n".join(lines))
+        write_section(a.out, "scale:speed", lines)
+        return
+    results: dict = {}
+    for spec in (a.cases or ",".join(CASES)).split(","):
+        case, task = spec.split(":")
+        results[f"{case} {task}"] = {}
+        for b in backends:
+            r = run_child(MEMORY_CHILD, case, task, b, str(a.calls))
+            results[f"{case} {task}"][b] = r
+            print(spec, b, r, flush=True)
+    lines = [stamp, machine(), "", *memory_table(results)]
+    print("\n".join(lines))
+    write_section(a.out, "scale:memory", lines)
+
+
+if __name__ == "__main__":
+    main()
