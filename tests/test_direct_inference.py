@@ -262,6 +262,41 @@ def test_real_models_match_eager(name):
     assert _direct(om)
 
 
+def test_a_llama_without_cache_matches_eager():
+    """LlamaModel without a KV cache exports (with one, its DynamicCache output sends the
+    call to Dynamo) and passes SDPA a boolean causal mask: its math form took the mask as
+    0 and 1 to add, and the direct path's hidden states were off by up to 3.2."""
+    from lort.testing.models import llama
+
+    model, args = llama(batch=2, seq=16)
+    model.config.use_cache = False
+    model.eval()
+    om = lort.ORTModule(copy.deepcopy(model), options=OPTS)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(output_tensor(om(*args)), output_tensor(model(*args)), rtol=1e-4, atol=1e-4)
+    assert _direct(om)
+
+
+@pytest.mark.parametrize("mask, causal", [("bool", False), ("float", False), (None, False), (None, True)])
+@pytest.mark.parametrize("gqa", [False, True])
+def test_sdpa_math_form_matches_sdpa(mask, gqa, causal):
+    from lort.capture import export
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 8, 6, 16)
+    k, v = torch.randn(2, 2 if gqa else 8, 6, 16), torch.randn(2, 2 if gqa else 8, 6, 16)
+    m = None
+    if mask == "bool":
+        m = torch.rand(2, 1, 6, 6) > 0.3
+        m[..., 0] = True  # no row without a key
+    elif mask == "float":
+        m = torch.randn(2, 1, 6, 6)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, m, is_causal=causal, scale=0.3, enable_gqa=gqa)
+    got = export._sdpa_math(q, k, v, m, is_causal=causal, scale=0.3, enable_gqa=gqa)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_gpt2_exports_with_attention_in_its_math_form():
     """SDPA is decomposed to its math form, as in the Dynamo path: decomposing the
     flash-attention kernel torch.export picks gave other strides, and GPT-2's export then

@@ -30,7 +30,12 @@ aten = torch.ops.aten
 def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     """SDPA as its math form, as in the Dynamo path's graphs. torch.export would pick a
     fused kernel (flash attention on CPU), whose decomposition gives its output other
-    strides than the kernel's: a later ``view`` then fails (GPT-2)."""
+    strides than the kernel's: a later ``view`` then fails (GPT-2). A boolean mask
+    becomes the additive one the math form takes (0 where True, -inf where False), as
+    ``scaled_dot_product_attention`` does before it calls it: the math form adds a
+    boolean mask as 0 and 1 (Llama's causal mask without a cache: logits off by up to 4)."""
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.where(attn_mask, 0.0, float("-inf")).to(query.dtype)
     return aten._scaled_dot_product_attention_math(
         query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa
     )[0]
