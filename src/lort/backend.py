@@ -16,7 +16,7 @@ from .capture import aot_backend
 from .capture import autograd_function, decompositions, distributed
 from .capture import weights as weights_mod
 from .capture.export import ExportedGraph
-from .compile import disk_cache
+from .compile import disk_cache, lifetime
 from .compile.graph_compiler import GraphCompiler, captured_seconds
 from .compile.graph_executor import ChooseOnFirstCall
 from .compile.tuner import Tuner
@@ -55,9 +55,14 @@ class LortBackend:
         own: list[GraphRecord] = []
         capture_start = time.perf_counter()
         weights = weights_mod.module_weights(gm, example_inputs) if self.options.freeze is not False else {}
+        # The real inputs, for an inference graph's frozen weights, compiled within
+        # aot_backend's call; a backward, compiled later, needs none of them, and what it
+        # compiles with is kept by AOTAutograd for good (it kept every model's weights).
+        real = {"inputs": example_inputs}
 
         def compile_aot(aot_gm, aot_inputs, kind):
-            frozen = _aligned(weights, example_inputs, aot_inputs) if kind == "inference" else None
+            inputs = real.get("inputs")
+            frozen = _aligned(weights, inputs, aot_inputs) if kind == "inference" and inputs else None
             fn, record = self.compile_graph(
                 aot_gm, aot_inputs, kind, captured_seconds(capture_start, kind), weights=frozen
             )
@@ -68,8 +73,13 @@ class LortBackend:
             names = support.implemented_overload_names(disk_cache.for_options(self.options))
             decomps = decompositions.table(self.options.decompose_conv_backward, names)
             compiled = aot_backend(compile_aot, decomps)(gm, example_inputs)
+        real.clear()
         if timed and not choice:
             compiled = ChooseOnFirstCall(gm.forward, compiled, own, self.tuner, cache, choice_key, self.options.progress)
+        # Dynamo keeps what a backend returns for good: the graph's sessions and frozen
+        # weights go when the module whose weights it reads is collected.
+        for owner in weights_mod.owners(gm):
+            lifetime.release_with(owner, own)
         if entries:
             # Opaque autograd.Function calls: their entries (non-tensor arguments) live as
             # long as the compiled callable.

@@ -39,3 +39,33 @@ def readable(source: str) -> str:
         parts.append(m.group(2) or m.group(3) or m.group(4))
     parts = [p for p in parts if p not in ("_modules",)]
     return ".".join(parts) or source
+
+
+_ROOT = re.compile(r"^L\['([A-Za-z_][A-Za-z0-9_]*)'\]")
+
+
+def owners(gm: torch.fx.GraphModule) -> list:
+    """The objects whose weights the Dynamo graph ``gm`` reads: the frame's locals its
+    weight inputs come from (``L['self']`` for a module's ``forward``, ``L['fn']`` for a
+    module compiled by ``torch.compile(module)``), looked up in the frame Dynamo is
+    compiling (call this from the backend). Empty where they cannot be found."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        f_locals = tx.f_locals if tx is not None else {}
+    except Exception:  # noqa: BLE001 - a Dynamo without this: no owner, nothing tied to one
+        return []
+    roots = {}
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+        source = source() if callable(source) else source
+        if not isinstance(source, str) or not ("._parameters[" in source or "._buffers[" in source):
+            continue
+        match = _ROOT.match(source)
+        obj = f_locals.get(match.group(1)) if match else None
+        if isinstance(obj, torch.nn.Module):
+            roots[id(obj)] = obj
+    return list(roots.values())

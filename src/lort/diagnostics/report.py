@@ -82,7 +82,11 @@ class GraphRecord:
         self.torch_nodes, self.ort_nodes = len(self.fallbacks), 0
         for g in self.groups:
             g.executor = Placement.PYTORCH
-        self.group_modules, self.partitioned = {}, None  # their ORT sessions are freed
+        # Their ORT sessions and frozen weights are freed now: what Dynamo or AOTAutograd
+        # still holds of the compiled graph (for good) keeps only the groups' shells.
+        for module in self.group_modules.values():
+            module.release()
+        self.group_modules, self.partitioned = {}, None
 
     def group_failed_at_run(self, name: str, why: Reason) -> None:
         """Group ``name``, which ORT failed to run, runs in PyTorch from now on."""

@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 
 from ..backend import LortBackend
+from ..compile import lifetime
 from ..errors import CaptureError, LortError
 from ..options import Options
 from . import direct, io
@@ -127,7 +128,10 @@ def _make_flat_fn(module: torch.nn.Module, spec: tuple, tag: str) -> Callable:
 
     code = call.__code__.replace(co_name=tag, co_qualname=tag) if hasattr(call.__code__, "co_qualname") \
         else call.__code__.replace(co_name=tag)
-    return types.FunctionType(code, call.__globals__, tag, None, call.__closure__)
+    # Globals of its own: Dynamo installs each compiled graph as a global of the frame it
+    # compiles (``__compiled_fn_...``, never removed, torch._dynamo.reset() included);
+    # in this module's globals, every dropped ORTModule's graphs and ORT sessions stayed.
+    return types.FunctionType(code, {"io": io, "__builtins__": __builtins__}, tag, None, call.__closure__)
 
 
 def _forward_arg_names(module: torch.nn.Module) -> list[str]:
@@ -298,6 +302,9 @@ class TransitionManager:
         fn = torch.compile(raw, backend=backend, fullgraph=True, dynamic=None)
         entry = Entry(index, key, fn, backend)
         entry.code = raw.__code__
+        # The entry's sessions and frozen weights go with it (evicted, or the ORTModule
+        # dropped), though Dynamo keeps its compiled graphs (compile/lifetime.py).
+        lifetime.release_with(entry, backend.records)
         self.entries[key] = entry
         while len(self.entries) > self.options.schema_cache_size:
             old_key, old = self.entries.popitem(last=False)

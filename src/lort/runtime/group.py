@@ -108,6 +108,17 @@ class OrtGroup(torch.nn.Module):
         self._static_sessions.clear()
         self._frozen_sessions.clear()
 
+    def release(self) -> None:
+        """Free what the group holds for the model it was compiled for: its ORT sessions
+        and its frozen weights (the guard's tensors, the sessions' shared initializers).
+        Called when that model is gone (compile/lifetime.py); a later call, through a
+        cache entry another module instance reuses, builds a session again with the
+        weights as inputs."""
+        self._guard = None
+        self._frozen_idx = set()
+        self._drop_sessions()
+        self.refreeze = None
+
     # -- frozen weights ----------------------------------------------------------
     def _frozen_session(self, args, tf32: bool) -> GroupSession | None:
         """The session holding the current weights, freezing them again where they
