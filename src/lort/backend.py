@@ -54,7 +54,7 @@ class LortBackend:
         # This Dynamo graph's ATen graphs (forward, backward or inference), in compile order.
         own: list[GraphRecord] = []
         capture_start = time.perf_counter()
-        weights = weights_mod.module_weights(gm, example_inputs) if self.options.freeze is not False else {}
+        weights = weights_mod.module_weights(gm, example_inputs)
         # The real inputs, for an inference graph's frozen weights, compiled within
         # aot_backend's call; a backward, compiled later, needs none of them, and what it
         # compiles with is kept by AOTAutograd for good (it kept every model's weights).
@@ -62,7 +62,9 @@ class LortBackend:
 
         def compile_aot(aot_gm, aot_inputs, kind):
             inputs = real.get("inputs")
-            frozen = _aligned(weights, inputs, aot_inputs) if kind == "inference" and inputs else None
+            # The weights by placeholder: an inference graph freezes them, a forward
+            # graph times on them (a backward's inputs are activations and saved values).
+            frozen = _aligned(weights, inputs, aot_inputs) if kind != "backward" and inputs else None
             fn, record = self.compile_graph(
                 aot_gm, aot_inputs, kind, captured_seconds(capture_start, kind), weights=frozen
             )
@@ -111,7 +113,7 @@ class LortBackend:
         its weights frozen as Options.freeze says, and with executor="auto" timed against
         ``eager`` (the module itself, over the same arguments) on the first call."""
         gm, inputs = exported.gm, exported.example_inputs
-        weights = exported.weights if self.options.freeze is not False else None
+        weights = exported.weights
         _, record = self.compile_graph(gm, inputs, "inference", None, weights)
         compiled = record.partitioned if record.partitioned is not None else gm
         if not self._times_whole_graph(inputs, ()):

@@ -50,8 +50,8 @@ class GraphCompiler:
         self, gm: torch.fx.GraphModule, kind: str, name: str, captured_s: float | None,
         weights: dict[int, tuple[str, torch.Tensor]] | None = None,
     ) -> tuple[Callable, GraphRecord]:
-        """``weights``: placeholder index -> (name, tensor) of the module weights an
-        inference graph may freeze (Options.freeze)."""
+        """``weights``: placeholder index -> (name, tensor) of the module weights: an
+        inference graph may freeze them, any graph times its groups on them (Options.freeze)."""
         progress.log_captured(self.options, name, gm, captured_s)
         if kind == "inference" and self.options.mode != "pytorch":
             attention.elementwise_safe_softmax(gm)
@@ -67,8 +67,10 @@ class GraphCompiler:
                     if reason is not None:
                         unsupported[node] = reason
         by_node = _weight_nodes(gm, weights) if self.options.mode != "pytorch" else {}
-        refused = self._freeze_refused(by_node)
-        groups, modules = self._fuse_and_compile(gm, unsupported, name, by_node, refused)
+        # Only an inference graph freezes its weights; any graph times on them.
+        freezable = kind == "inference" and self.options.freeze is not False
+        refused = self._freeze_refused(by_node) if freezable else None
+        groups, modules = self._fuse_and_compile(gm, unsupported, name, by_node, refused, freezable)
         if self.cache and not cached:
             self.cache.store_record(plan_key, {"unsupported": {n.name: r.to_json() for n, r in unsupported.items()}})
         record.set_result(groups, modules, unsupported)
@@ -124,23 +126,24 @@ class GraphCompiler:
         return (f"the graph's weights ({total_mb:.0f} MiB) exceed freeze_max_mb ({self.options.freeze_max_mb:g}); "
                 "frozen, ORT would keep its own pre-packed copy of them (freeze=True freezes them)")
 
-    def _fuse_and_compile(self, gm, unsupported, prefix, weights, refused):
+    def _fuse_and_compile(self, gm, unsupported, prefix, weights, refused, freezable):
         steps = progress.PrepareProgress(self.options, prefix)
         try:
-            groups, modules = self._fuse_rounds(gm, unsupported, prefix, steps, weights, refused)
+            groups, modules = self._fuse_rounds(gm, unsupported, prefix, steps, weights, refused, freezable)
         finally:
             steps.close()
         steps.log(groups, modules)
         return groups, modules
 
-    def _fuse_rounds(self, gm, unsupported, prefix, steps: progress.PrepareProgress, weights: dict, refused):
+    def _fuse_rounds(self, gm, unsupported, prefix, steps: progress.PrepareProgress, weights: dict, refused,
+                     freezable: bool):
         opts = self.options
         for _ in range(MAX_REFUSE):
             # Frozen weights are no inputs of a group's session: they do not count
             # towards max_group_args.
             groups = fuser.find_groups(
                 gm.graph, lambda n: n not in unsupported, opts.max_group_args, prefix=prefix,
-                free_inputs=set() if refused else set(weights),
+                free_inputs=set(weights) if freezable and not refused else set(),
             )
             if opts.mode != "pytorch":
                 steps.start_round(len(groups))
@@ -154,7 +157,8 @@ class GraphCompiler:
                 times: dict = {}
                 try:
                     own = {k: weights[n] for k, n in enumerate(grp.inputs) if n in weights}
-                    compiled = self.groups.compile(grp.name, sub, where, times, own, refused)
+                    compiled = self.groups.compile(grp.name, sub, where, times, own if freezable else None, refused,
+                                                   real={k: t for k, (_, t) in own.items()})
                 except (TranslationError, SessionCreationError) as e:
                     steps.group_done(False, times)
                     bad = self._find_failing_nodes(grp)

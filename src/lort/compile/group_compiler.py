@@ -17,12 +17,14 @@ import time
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import SessionCreationError
 from ..options import Options
 from ..reasons import Placement
 from ..runtime import cuda
 from ..runtime.compiled import Boundary, CompiledGroup, spec_key
+from ..runtime.dtypes import SUPPORTED_DTYPES
 from ..runtime.session import GroupSession, OutputSpec, optimizer_changes
 from ..runtime.session import stats as session_stats
 from ..translate import onnx_export, onnx_model
@@ -71,12 +73,14 @@ class GroupCompiler:
     def compile(
         self, name: str, gm: torch.fx.GraphModule, where: list[int] | None, times: dict | None = None,
         weights: dict[int, tuple[str, torch.Tensor]] | None = None, refused: str | None = None,
+        real: dict[int, torch.Tensor] | None = None,
     ) -> CompiledGroup:
         """The compiled group. ``times`` (if given) gets the seconds per step, also on
         failure. ``weights`` (input index -> (name, tensor)): inputs to freeze into the
         session as ORT initializers where they can be; ``refused``: why none is (the
-        graph's weights exceed Options.freeze_max_mb), or None. Raises TranslationError
-        or SessionCreationError."""
+        graph's weights exceed Options.freeze_max_mb), or None; ``real`` (input index ->
+        tensor): inputs whose own values timing runs read instead of synthetic ones.
+        Raises TranslationError or SessionCreationError."""
         times = {} if times is None else times
         b, phys_gm = boundary(gm)
         device = _device(gm)
@@ -101,7 +105,7 @@ class GroupCompiler:
             candidates = freezing.candidates(model, frozen, self.options)
         else:
             candidates = ([lambda: _fused(model)] if self.options.ort_fusions else []) + [lambda: (plain, {})]
-        feeds = synthetic_inputs(metas)
+        feeds = synthetic_inputs(metas, _real_feeds(real, b.in_perms))
         # What the session takes: the frozen weights are its initializers.
         frozen_idx = {w.index for w in frozen}
         ort_feeds = None if feeds is None else [f for i, f in enumerate(feeds) if i not in frozen_idx]
@@ -323,6 +327,17 @@ def _timed(times: dict, step: str):
 def _fused(model) -> tuple[bytes, dict] | None:
     fused, fusions = onnx_export.fuse_for_ort(model)
     return None if fused is None else (fused, fusions)
+
+
+def _real_feeds(real: dict | None, perms) -> dict:
+    """NumPy arrays over the inputs' own memory (no copy) for timing: CPU tensors that
+    enter the group as they are laid out."""
+    out = {}
+    with unset_fake_temporarily():
+        for i, t in (real or {}).items():
+            if t.device.type == "cpu" and perms[i] is None and t.is_contiguous() and t.dtype in SUPPORTED_DTYPES:
+                out[i] = t.detach().numpy()
+    return out
 
 
 def _where(gm: torch.fx.GraphModule, where: list[int] | None) -> tuple[int, ...]:
