@@ -284,7 +284,7 @@ def test_warm_compiles_and_refreezes_run_the_model_the_cold_compile_ran(net, tmp
     change build that model again, not the plain translation (they did, and ran slower:
     the cnn benchmark took 0.63 ms warm against 0.27 ms cold)."""
     import lort.runtime.session as session_mod
-    from lort.translate.onnx_model import model_bytes
+    from lort.ort_model import model_bytes
 
     built = []
     create = session_mod.create_session

@@ -14,7 +14,7 @@ from ..options import Options
 from ..runtime.compiled import Boundary
 from ..runtime.dtypes import SUPPORTED_DTYPES
 from ..runtime.frozen import FrozenWeight
-from ..translate import onnx_export, onnx_model
+from ..translate import external_data, onnx_export
 
 logger = logging.getLogger("lort")
 
@@ -70,7 +70,7 @@ def candidates(model: ir.Model, frozen: tuple[FrozenWeight, ...], options: Optio
     """Functions giving (``OnnxModel``, ORT fusions that fired), or None where the
     rewrite fails, to try in order: ORT-fused first (with ``options.ort_fusions``),
     then plain, with the weights frozen. The weights never enter the model's bytes:
-    its initializers point ORT at the weights' own memory (translate/onnx_model.py),
+    its initializers point ORT at the weights' own memory (translate/external_data.py),
     so no size limit applies. The rewrites run before the weights are frozen: with
     them as initializers, onnxscript's optimizer folded each linear layer's transposed
     weight into a new initializer (a copy of every such weight, BERT-base's 374 MB),
@@ -80,10 +80,10 @@ def candidates(model: ir.Model, frozen: tuple[FrozenWeight, ...], options: Optio
         rewritten, fusions = onnx_export.fuse_for_ort(model, serializer=lambda m: m)
         if rewritten is None:
             return None
-        return onnx_model.serialize(frozen_model(rewritten, frozen, tensors)), fusions
+        return external_data.serialize(frozen_model(rewritten, frozen, tensors)), fusions
 
     def plain():
-        return onnx_model.serialize(frozen_model(model, frozen, tensors)), {}
+        return external_data.serialize(frozen_model(model, frozen, tensors)), {}
 
     return [fused, plain] if options.ort_fusions else [plain]
 

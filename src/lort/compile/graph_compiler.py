@@ -26,6 +26,7 @@ from ..fusion import fuser, support
 from ..options import Options
 from ..reasons import Reason, ReasonKind
 from ..runtime.group import OrtGroup
+from ..runtime.session import give_back_memory
 from ..translate import onnx_export
 from . import disk_cache
 from .group_compiler import GroupCompiler
@@ -80,6 +81,7 @@ class GraphCompiler:
             if self.cache:
                 mod.on_change = self.groups.remember
         logger.info("lort: %s", record.summary())
+        give_back_memory()  # what translation, sessions and timing runs freed
         if not groups:
             return make_boxed_func(gm.forward), record
         record.partitioned = fuser.replace_groups(gm, groups, modules)

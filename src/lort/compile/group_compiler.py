@@ -27,7 +27,7 @@ from ..runtime.compiled import Boundary, CompiledGroup, spec_key
 from ..runtime.dtypes import SUPPORTED_DTYPES
 from ..runtime.session import GroupSession, OutputSpec, optimizer_changes
 from ..runtime.session import stats as session_stats
-from ..translate import onnx_export, onnx_model
+from ..translate import external_data, onnx_export
 from . import disk_cache, freezing
 from .layout import dense_perm, inverse, is_symbolic, needs_restride, physical_graph, static_shape
 from .tuner import Tuner, synthetic_inputs
@@ -296,7 +296,7 @@ class GroupCompiler:
         if self.options.save_onnx:
             os.makedirs(self.options.save_onnx, exist_ok=True)
             path = os.path.join(self.options.save_onnx, f"{name}.onnx")
-            onnx_model.save(model, path)
+            external_data.save(model, path)
             logger.info("lort: wrote %s", path)
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import weakref
 
+from ..runtime.session import give_back_memory
+
 logger = logging.getLogger("lort")
 
 
@@ -37,4 +39,6 @@ def release(records: list) -> None:
         for group in record.group_modules.values():
             group.release()
             count += 1
+    if count:
+        give_back_memory()
     logger.debug("lort: released %d ORT group(s) of a collected model", count)

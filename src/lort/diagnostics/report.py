@@ -11,6 +11,7 @@ import torch
 import torch.fx
 
 from ..reasons import Placement, Reason, ReasonKind
+from ..runtime.session import give_back_memory
 
 
 def is_aten_node(node: torch.fx.Node) -> bool:
@@ -85,7 +86,9 @@ class GraphRecord:
         # Their ORT sessions and frozen weights are freed now: what Dynamo or AOTAutograd
         # still holds of the compiled graph (for good) keeps only the groups' shells.
         for module in self.group_modules.values():
-            module.release()
+            module.release(for_good=True)
+        if self.group_modules:
+            give_back_memory()
         self.group_modules, self.partitioned = {}, None
 
     def group_failed_at_run(self, name: str, why: Reason) -> None:

@@ -108,16 +108,21 @@ class OrtGroup(torch.nn.Module):
         self._static_sessions.clear()
         self._frozen_sessions.clear()
 
-    def release(self) -> None:
+    def release(self, for_good: bool = False) -> None:
         """Free what the group holds for the model it was compiled for: its ORT sessions
         and its frozen weights (the guard's tensors, the sessions' shared initializers).
         Called when that model is gone (compile/lifetime.py); a later call, through a
         cache entry another module instance reuses, builds a session again with the
-        weights as inputs."""
+        weights as inputs. ``for_good``: the group never runs in ORT again (its graph
+        runs in eager PyTorch): its models go too."""
         self._guard = None
         self._frozen_idx = set()
         self._drop_sessions()
         self.refreeze = None
+        if for_good:
+            self.executor = Placement.PYTORCH
+            self.model_bytes = self._plain_bytes = None
+            self.compiled = dataclasses.replace(self.compiled, model_bytes=None, plain_bytes=None)
 
     # -- frozen weights ----------------------------------------------------------
     def _frozen_session(self, args, tf32: bool) -> GroupSession | None:

@@ -116,7 +116,7 @@ def single_node_graph(node: torch.fx.Node) -> torch.fx.GraphModule:
 
 def freeze_inputs(model: ir.Model, arrays: dict[int, object]) -> ir.Model:
     """A copy of ``model`` in which input ``i`` of each ``arrays`` entry is an
-    initializer holding that array (NumPy, by reference: onnx_model.serialize leaves it
+    initializer holding that array (NumPy, by reference: external_data.serialize leaves it
     in the weight's memory), so that ORT can fold, fuse and pre-pack it. The other
     inputs keep their order."""
     frozen = ir.serde.deserialize_model(ir.serde.serialize_model(model))

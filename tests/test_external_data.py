@@ -1,4 +1,4 @@
-"""translate/onnx_model.py and runtime/session.py's shared initializers: a frozen
+"""translate/external_data.py and runtime/session.py's shared initializers: a frozen
 model's bytes hold no weight, ORT reads the weights from their own memory, and
 save_onnx writes them as ONNX external data."""
 
@@ -12,7 +12,7 @@ import torch
 
 import lort
 from lort.runtime.session import create_session
-from lort.translate import onnx_model
+from lort.translate import external_data
 
 
 def _model(weight: np.ndarray, bias: np.ndarray) -> ir.Model:
@@ -30,7 +30,7 @@ def test_serialize_keeps_large_initializers_out_of_the_bytes():
     weight = np.random.default_rng(0).standard_normal((16, 512)).astype(np.float32)
     bias = np.ones(16, np.float32)  # 64 bytes: stays in the bytes
     ir_model = _model(weight, bias)
-    model = onnx_model.serialize(ir_model)
+    model = external_data.serialize(ir_model)
     assert len(model.proto) < 4_000 < weight.nbytes
     ((name, tensor, onnx_type),) = model.external
     assert name == "w" and onnx_type == onnx.TensorProto.FLOAT
@@ -47,7 +47,7 @@ def test_ort_reads_shared_initializers_in_place():
     rng = np.random.default_rng(0)
     weight = torch.from_numpy(rng.standard_normal((64, 32)).astype(np.float32))
     bias = torch.from_numpy(rng.standard_normal(64).astype(np.float32))
-    model = onnx_model.serialize(_model(weight.numpy(), bias.numpy()), min_bytes=64)
+    model = external_data.serialize(_model(weight.numpy(), bias.numpy()), min_bytes=64)
     assert {e[0] for e in model.external} == {"w", "b"}
     sess = create_session(model, torch.device("cpu"), lort.Options(), "test", 1, count=False)
     x = rng.standard_normal((2, 32)).astype(np.float32)
@@ -69,7 +69,7 @@ def test_ort_folds_shared_initializers_with_their_real_values():
     mm = ir.node("MatMul", [x, t.outputs[0]])
     mm.outputs[0].name = "y"
     graph = ir.Graph([x], mm.outputs, nodes=[t, mm], initializers=[w], opset_imports={"": 18})
-    model = onnx_model.serialize(ir.Model(graph, ir_version=10))
+    model = external_data.serialize(ir.Model(graph, ir_version=10))
     sess = create_session(model, torch.device("cpu"), lort.Options(), "test", 1, count=False)
     xs = rng.standard_normal((2, 16)).astype(np.float32)
     np.testing.assert_allclose(sess.run(None, {"x": xs})[0], xs @ weight.T, rtol=1e-5, atol=1e-5)
@@ -79,9 +79,9 @@ def test_save_writes_external_data_onnx_and_ort_load(tmp_path):
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((64, 32)).astype(np.float32)
     bias = rng.standard_normal(64).astype(np.float32)
-    model = onnx_model.serialize(_model(weight, bias), min_bytes=64)
+    model = external_data.serialize(_model(weight, bias), min_bytes=64)
     path = str(tmp_path / "g.onnx")
-    onnx_model.save(model, path)
+    external_data.save(model, path)
     assert (tmp_path / "g.onnx.data").stat().st_size >= weight.nbytes + bias.nbytes
     loaded = onnx.load(path)
     values = {t.name: onnx.numpy_helper.to_array(t) for t in loaded.graph.initializer}

@@ -1,4 +1,5 @@
-"""An ONNX model whose large initializers stay outside its bytes.
+"""Serializing an ONNX model with its large initializers outside its bytes (an
+``OnnxModel``, lort/ort_model.py), and saving one as ONNX external data.
 
 Protobuf messages stop at 2 GB, and serializing a model that holds a model's weights
 copies every one of them. A model with frozen weights (compile/freezing.py) is
@@ -11,7 +12,6 @@ or its kernels pre-pack.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import numpy as np
@@ -20,30 +20,13 @@ import onnx_ir as ir
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from ..ort_model import OnnxModel, model_bytes
+
 #: The location every externalized initializer names. No file has it: ORT gets the data
 #: from memory (SessionOptions.add_external_initializers), never from a path.
 EXTERNAL_LOCATION = "lort-initializers-in-memory"
 #: Initializers of at least this many bytes leave the model's bytes.
 EXTERNAL_MIN_BYTES = 1024
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class OnnxModel:
-    """A model for ORT: its bytes, and the initializers they declare as external data:
-    (name, the tensor whose memory holds the data (CPU or CUDA, contiguous; an integer
-    tensor of the same width for a type torch lacks), its ONNX element type)."""
-
-    proto: bytes
-    external: tuple[tuple[str, torch.Tensor, int], ...] = ()
-
-    @property
-    def external_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for _, t, _ in self.external)
-
-
-def model_bytes(model: OnnxModel | bytes) -> bytes:
-    """The serialized model (without the data of its external initializers)."""
-    return model.proto if isinstance(model, OnnxModel) else model
 
 
 def serialize(model: ir.Model, min_bytes: int = EXTERNAL_MIN_BYTES) -> OnnxModel:
