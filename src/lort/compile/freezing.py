@@ -10,6 +10,7 @@ import onnx_ir as ir
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from ..numpy_views import numpy_view
 from ..options import Options
 from ..runtime.compiled import Boundary
 from ..runtime.dtypes import SUPPORTED_DTYPES
@@ -94,4 +95,4 @@ def _array(t: torch.Tensor):
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    return t.numpy() if t.is_contiguous() else t.contiguous().numpy()
+    return numpy_view(t.contiguous())

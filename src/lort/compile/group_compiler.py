@@ -20,6 +20,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import SessionCreationError
+from ..numpy_views import numpy_view
 from ..options import Options
 from ..reasons import Placement
 from ..runtime import cuda
@@ -331,12 +332,12 @@ def _fused(model) -> tuple[bytes, dict] | None:
 
 def _real_feeds(real: dict | None, perms) -> dict:
     """NumPy arrays over the inputs' own memory (no copy) for timing: CPU tensors that
-    enter the group as they are laid out."""
+    enter the group as they are laid out (never a tensor subclass, such as a DTensor)."""
     out = {}
     with unset_fake_temporarily():
         for i, t in (real or {}).items():
-            if t.device.type == "cpu" and perms[i] is None and t.is_contiguous() and t.dtype in SUPPORTED_DTYPES:
-                out[i] = t.detach().numpy()
+            if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" and perms[i] is None and t.is_contiguous() and t.dtype in SUPPORTED_DTYPES:
+                out[i] = numpy_view(t)
     return out
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from ..numpy_views import numpy_view
 from . import native
 
 
@@ -243,7 +244,7 @@ def _reader(d: torch.Tensor, flat: int) -> tuple:
     """(reader, index, value) of ``_sample_at``'s element for the Python check: a flat
     memoryview (indexing it is about twice as fast as indexing NumPy), or the NumPy view
     with a tuple index where the tensor is not contiguous."""
-    view = d.numpy()
+    view = numpy_view(d)
     if view.flags.c_contiguous:
         reader = memoryview(view.reshape(-1))
         return reader, flat, reader[flat]

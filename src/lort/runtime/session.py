@@ -19,6 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import SessionCreationError
+from ..numpy_views import numpy_view
 from ..options import Options
 from ..ort_model import OnnxModel, model_bytes as _proto
 from . import cuda, providers
@@ -344,7 +345,7 @@ def _ort_value(tensor: torch.Tensor, onnx_type: int) -> ort.OrtValue:
     """An OrtValue over ``tensor``'s memory, of ONNX element type ``onnx_type`` (the
     tensor may be an integer stand-in of the same width for a type torch lacks)."""
     if tensor.device.type == "cpu":
-        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(tensor.numpy(), onnx_type)
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(numpy_view(tensor), onnx_type)
     return ort.OrtValue.from_dlpack(tensor)
 
 

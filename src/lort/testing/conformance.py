@@ -316,7 +316,10 @@ def _check_extreme(op, sample_list: list, result: Result, options, fell_back: li
         return
     sample = samples[chosen]
     sample.leaves = extreme_values.fill(sample.leaves)
-    outcome = _check_sample(sample, f"extreme (from sample {chosen})", False, result, options, fell_back)
+    eager_fn = None
+    if op_id(op) in extreme_values.PER_ELEMENT_REFERENCE:
+        eager_fn = extreme_values.per_element(sample.fn())
+    outcome = _check_sample(sample, f"extreme (from sample {chosen})", False, result, options, fell_back, eager_fn)
     if outcome is None:
         result.extreme = "right"
     elif outcome[0] == "n/a":
@@ -329,16 +332,17 @@ def _check_extreme(op, sample_list: list, result: Result, options, fell_back: li
         result.extreme = result.status
 
 
-def _check_sample(sample: _Sample, k, with_grad: bool, result: Result, options, fell_back: list):
-    """One sample through eager (twice) and lort: None when lort matched eager, else
-    (status, detail). ``k`` names the sample (and seeds it)."""
+def _check_sample(sample: _Sample, k, with_grad: bool, result: Result, options, fell_back: list, eager_fn=None):
+    """One sample through eager (twice; ``eager_fn`` in place of the op where given) and
+    lort: None when lort matched eager, else (status, detail). ``k`` names the sample
+    (and seeds it)."""
     import lort
 
     dtype, fn = DTYPES[result.dtype], sample.fn()
     seed = k if isinstance(k, int) else 99
     try:
-        expected, exp_grads = sample.run(fn, with_grad, seed=seed)
-        again, again_grads = sample.run(fn, with_grad, seed=seed + 1000)
+        expected, exp_grads = sample.run(eager_fn or fn, with_grad, seed=seed)
+        again, again_grads = sample.run(eager_fn or fn, with_grad, seed=seed + 1000)
     except Exception as e:  # noqa: BLE001 - eager PyTorch's own failure
         return "n/a", f"eager raises on sample {k}: {_first_line(e)}"
     try:

@@ -131,6 +131,16 @@ KNOWN_DIFFERENCES.update({
                  "fft.rfft", "fft.rfft2", "fft.rfftn", "stft", "istft")
 })
 
+#: Unary elementwise ops whose eager value on extreme inputs depends on the CPU: their
+#: extreme sample's eager reference is computed one element at a time (PyTorch's scalar
+#: path, the same on every x86-64 CPU), and lort must match that.
+PER_ELEMENT_REFERENCE: dict[str, str] = {
+    "nn.functional.gelu": (
+        "float32 gelu runs oneDNN's kernel, which gives NaN for +inf on AVX-512 CPUs and inf "
+        "(the limit, as PyTorch's scalar path) on AVX2 ones"
+    ),
+}
+
 #: Ops whose extreme sample is not run: eager PyTorch itself crashes the process on it.
 EAGER_CRASHES: dict[str, str] = {
     "linalg.eigvals": "eager PyTorch segfaults on NaN/inf input (MKL's sgebal rejects it)",
@@ -177,6 +187,16 @@ def fill(leaves: list) -> list:
         out.append(cycle[index].to(leaf.dtype).reshape(leaf.shape))
         k += 1
     return out
+
+
+def per_element(fn):
+    """``fn`` (a unary elementwise op of one tensor) run one element at a time."""
+
+    def call(t: torch.Tensor) -> torch.Tensor:
+        flat = t.reshape(-1)
+        return torch.cat([fn(flat[i:i + 1].clone()) for i in range(flat.numel())]).reshape(t.shape)
+
+    return call
 
 
 def known_difference(name: str, dtype_name: str) -> str | None:

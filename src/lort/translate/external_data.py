@@ -20,6 +20,7 @@ import onnx_ir as ir
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from ..numpy_views import numpy_view
 from ..ort_model import OnnxModel, model_bytes
 
 #: The location every externalized initializer names. No file has it: ORT gets the data
@@ -88,7 +89,7 @@ def save(model: OnnxModel | bytes, path: str) -> None:
     with open(path + ".data", "wb") as f, unset_fake_temporarily():
         for name, t, _ in model.external:
             offset = f.tell()
-            f.write(memoryview(t.detach().cpu().contiguous().view(torch.uint8).reshape(-1).numpy()))
+            f.write(memoryview(numpy_view(t.detach().cpu().contiguous().view(torch.uint8).reshape(-1))))
             offsets[name] = (offset, f.tell() - offset)
             pad = (-f.tell()) % 64  # ORT maps aligned data without a copy
             f.write(b"\0" * pad)
