@@ -104,3 +104,22 @@ def test_save_onnx_of_a_frozen_group_loads_with_its_weights(tmp_path):
     assert len(sess.get_inputs()) == 1  # the weights are its initializers, from path.data
     (y,) = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
     np.testing.assert_allclose(y, expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_fusion_rewrites_fold_no_large_constant(tmp_path):
+    """onnxscript's optimizer (inside the ORT fusion rewrites) materialized BERT's
+    attention-mask zeros_like as a constant of the mask's size (12 x 768 KiB in BERT-base,
+    held in the model bytes and in ORT's session); lort's limit keeps such constants
+    computed at run time."""
+    from lort.translate import _compat
+
+    def f(x, mask):
+        return torch.where(mask, x, torch.zeros_like(x)).softmax(-1)
+
+    x, mask = torch.randn(1, 12, 128, 128), torch.rand(1, 1, 128, 128) > 0.5
+    compiled = torch.compile(f, backend="lort", options={"executor": "ort", "save_onnx": str(tmp_path), "disk_cache": False})
+    torch.testing.assert_close(compiled(x, mask), f(x, mask))
+    (path,) = tmp_path.glob("*.onnx")
+    sizes = [int(np.prod(t.dims)) for t in onnx.load(str(path), load_external_data=False).graph.initializer]
+    assert max(sizes, default=0) <= _compat.FOLD_OUTPUT_SIZE_LIMIT < x.numel(), sizes
+    torch._dynamo.reset()

@@ -120,12 +120,9 @@ def test_every_change_is_seen(check, route):
     guard = _guard(ws, check)
     assert guard.same_picked(tuple(ws)) and guard.changed(ws) is None
     assert guard.same_picked(list(ws))  # a list serves too
-    if route is _storage_freed and check == "python":
-        # The Python check reads its samples through NumPy views, which leave the
-        # storages unresizable (the C++ check reads them without).
-        with pytest.raises(RuntimeError, match="not resizable"):
-            route(ws)
-        return
+    # Neither check leaves a storage unresizable (the Python one reads its samples
+    # through lort.numpy_views, and compares data pointers before it reads them).
+    assert all(w.untyped_storage().resizable() for w in ws if w.device.type == "cpu")
     route(ws)
     assert not guard.same_picked(tuple(ws))
     assert guard.changed(ws) == f"w{CHANGED[route]}"

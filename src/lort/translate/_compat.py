@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from typing import Any, Callable
 
 import torch
@@ -150,13 +151,33 @@ def insert_type_promotion(gm: torch.fx.GraphModule) -> None:
     _ex_fx_passes.insert_type_promotion_nodes(gm)
 
 
+#: The most elements a constant folded by onnxscript's optimizer (inside
+#: optimize_for_ort) may hold, in place of its default 512 * 512: the optimizer
+#: materialized BERT-base's attention-mask ``zeros_like`` as twelve 768 KiB float32
+#: constants, held in the model bytes and in ORT's session (about 60 MB more resident
+#: after BERT-base's first call; 12 MiB each at 512 tokens). ORT computes such a
+#: ConstantOfShape or Expand at run time for less than the memory costs.
+FOLD_OUTPUT_SIZE_LIMIT = 8192
+_FOLD_LIMIT_LOCK = threading.Lock()
+
+
 def optimize_for_ort(model: ir.Model) -> tuple[ir.Model, dict[str, int]]:
-    """onnxscript's ORT-specific fusion rewrites (in place) and their counts."""
+    """onnxscript's ORT-specific fusion rewrites (in place) and their counts; its
+    optimizer folds no constant of more than FOLD_OUTPUT_SIZE_LIMIT elements."""
+    from onnxscript import optimizer
     from onnxscript.rewriter.ort_fusions import optimize_for_ort as _optimize_for_ort
 
     _guard_fused_matmul_batch_rules()
     _exact_no_op_rules()
-    return _optimize_for_ort(model)
+    # optimize_for_ort passes no limit to the optimize() it calls; its keyword default
+    # is the one way in, set for the call (one lort rewrite at a time).
+    with _FOLD_LIMIT_LOCK:
+        saved = optimizer.optimize.__kwdefaults__
+        optimizer.optimize.__kwdefaults__ = {**(saved or {}), "output_size_limit": FOLD_OUTPUT_SIZE_LIMIT}
+        try:
+            return _optimize_for_ort(model)
+        finally:
+            optimizer.optimize.__kwdefaults__ = saved
 
 
 def _exact_no_op_rules() -> None:
