@@ -405,6 +405,11 @@ def build(module: torch.nn.Module, spec: tuple, tensors: list[torch.Tensor], bac
           modules: list, epoch: int) -> DirectRunner:
     """Export ``module`` for a schema's call, compile it with ``backend``. Raises
     ExportRefused."""
+    opaque = io.opaque_constant(spec)
+    if opaque is not None:
+        # The forward may change it (a DynamicCache's update): export would write its fake
+        # tensors into the caller's object; Dynamo replays such changes on real ones.
+        raise ExportRefused(f"an input holds a {opaque.__name__}, which export would change with fake tensors")
     opts = backend.options
     names = support.implemented_overload_names(disk_cache.for_options(opts))
     table = decomposition_table(opts.decompose_conv_backward, names)

@@ -5,7 +5,9 @@
     out = model(input_ids=ids, attention_mask=mask, labels=labels)
     out.loss.backward(); optimizer.step()
 
-The wrapper behaves as the wrapped module: attributes and methods reach it, parameters,
+The wrapper behaves as the wrapped module: attributes and methods reach it (the wrapped
+class's own methods are bound to the wrapper, so ``self(...)`` in ``generate`` or a
+custom ``predict`` runs through ORT, as in onnxruntime-training), parameters,
 buffers and state dicts carry the module's own names, ``train()``/``eval()`` and ``to()``
 act on it. Calls go through the transition manager (``lort/module/transition.py``).
 
@@ -25,6 +27,7 @@ import inspect
 import logging
 import os
 import threading
+import types
 import weakref
 from typing import Any, Iterator, Mapping
 
@@ -117,6 +120,24 @@ def _configure_logging(level: LogLevel) -> None:
 # make the wrapped module call the wrapper back.
 _OWN = ("_lort_module", "_lort_manager", "_lort_debug", "_lort_options", "forward", "_original_forward")
 
+def _rebinds(value: Any, module: torch.nn.Module, name: str) -> bool:
+    """Whether ``value`` (``module.<name>``) is a method the wrapper binds to itself: a
+    plain function of the wrapped module's class hierarchy that is not ``nn.Module``'s
+    own (``forward`` is the wrapper's already). Methods whose code calls ``super()``
+    stay bound to the module: ``super()`` needs an instance of the defining class."""
+    if type(value) is not types.MethodType or value.__self__ is not module or name.startswith("__"):
+        return False
+    func = value.__func__
+    if getattr(torch.nn.Module, name, None) is func or not isinstance(func, types.FunctionType):
+        return False
+    while func is not None:  # a decorated method: each function of its __wrapped__ chain
+        code = getattr(func, "__code__", None)
+        if code is not None and ("__class__" in code.co_freevars or "super" in code.co_names):
+            return False
+        func = getattr(func, "__wrapped__", None)
+    return True
+
+
 #: One ORTModule subclass per wrapped class (see the module docstring).
 _CLASSES: "weakref.WeakKeyDictionary[type, type]" = weakref.WeakKeyDictionary()
 _classes_lock = threading.Lock()
@@ -137,8 +158,9 @@ def _class_for(module_cls: type) -> type:
             forward.__doc__ = getattr(module_cls.forward, "__doc__", None)
             name = f"ORTModule[{module_cls.__name__}]"
             forward.__qualname__ = f"{name}.forward"
-            cls = type(name, (ORTModule,), {"forward": forward, "__module__": __name__,
-                                            "__qualname__": name, "__doc__": ORTModule.__doc__})
+            cls = type(ORTModule)(name, (ORTModule,), {"forward": forward, "__module__": __name__,
+                                                      "__qualname__": name, "__doc__": ORTModule.__doc__,
+                                                      "_lort_wrapped_class": module_cls})
             _CLASSES[module_cls] = cls
         return cls
 
@@ -148,7 +170,19 @@ def _restore(module_cls: type) -> "ORTModule":
     return torch.nn.Module.__new__(_class_for(module_cls))
 
 
-class ORTModule(torch.nn.Module):
+class _WrapperClass(type):
+    """The type of ORTModule classes: a class attribute ORTModule[C] lacks is C's
+    (transformers' ``generate`` reads its decoding methods as ``getattr(type(self),
+    name)`` and calls them with the wrapper)."""
+
+    def __getattr__(cls, name: str) -> Any:
+        wrapped = cls.__dict__.get("_lort_wrapped_class")
+        if wrapped is None or name.startswith("__"):
+            raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+        return getattr(wrapped, name)
+
+
+class ORTModule(torch.nn.Module, metaclass=_WrapperClass):
     """Runs ``module`` through ONNX Runtime (forward and backward) with lort.
 
     ``ORTModule(module, debug_options=None, *, options=None)``: ``options`` are
@@ -233,7 +267,13 @@ class ORTModule(torch.nn.Module):
     def __getattr__(self, name: str) -> Any:
         d = self.__dict__
         if "_lort_module" in d:
-            return getattr(d["_lort_module"], name)
+            value = getattr(d["_lort_module"], name)
+            if _rebinds(value, d["_lort_module"], name):
+                # The wrapped class's own method, bound to the wrapper (as
+                # onnxruntime-training's ORTModule binds them): ``self(...)`` inside
+                # ``generate``, ``predict`` or ``encode`` runs through ORT.
+                return types.MethodType(value.__func__, self)
+            return value
         return super().__getattr__(name)
 
     def __setattr__(self, name: str, value: Any) -> None:

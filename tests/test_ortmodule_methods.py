@@ -1,0 +1,104 @@
+"""lort.ORTModule binds the wrapped class's own methods to itself, as
+onnxruntime-training's ORTModule does: ``self(...)`` inside ``generate`` or a custom
+``predict`` runs through ORT. Generation through ORTModule gives eager's tokens."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import lort
+from lort.testing.models import make_torchvision_importable
+
+
+class Scorer(nn.Module):
+    scale = 2.0  # a class attribute, read through the wrapper's class too
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.lin(x).tanh()
+
+    def predict(self, x):
+        return self(x).argmax(-1)
+
+    def scaled(self, x):
+        return self.forward(x) * self.scale
+
+    @torch.no_grad()
+    def decorated(self, x):
+        return self(x)
+
+    def named(self):
+        return type(self).__name__
+
+
+class Child(Scorer):
+    def predict(self, x):  # super() needs an instance of Scorer: stays bound to the module
+        return super().predict(x) + 0
+
+
+def _wrapped(cls=Scorer):
+    torch.manual_seed(0)
+    module = cls()
+    return lort.ORTModule(module, options={"executor": "ort"}), module
+
+
+def test_user_methods_are_the_modules_functions_bound_to_the_wrapper():
+    om, module = _wrapped()
+    for name in ("predict", "scaled", "decorated"):
+        method = getattr(om, name)
+        assert method.__func__ is getattr(module, name).__func__
+        assert method.__self__ is om, name
+    # nn.Module's own methods and attributes are the wrapper's or the module's, as before.
+    assert om.parameters().__next__() is module.lin.weight
+    assert om.lin is module.lin and om.scale == 2.0
+    assert type(om).scale == 2.0 and type(om).predict is Scorer.predict
+
+
+def test_self_call_inside_a_user_method_runs_through_ort():
+    om, module = _wrapped()
+    x = torch.randn(3, 8)
+    before = lort.stats.ort_runs
+    with torch.no_grad():
+        torch.testing.assert_close(om.predict(x), module.predict(x))
+        torch.testing.assert_close(om.scaled(x), module.scaled(x))
+        torch.testing.assert_close(om.decorated(x), module.decorated(x))
+    assert lort.stats.ort_runs - before >= 3
+    assert len(om.transition_manager.captures) >= 1
+    assert om.named().startswith("ORTModule[")
+
+
+def test_a_method_calling_super_stays_bound_to_the_module():
+    om, module = _wrapped(Child)
+    assert om.predict.__self__ is module
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(om.predict(x), module.predict(x))
+
+
+def _gpt2():
+    make_torchvision_importable()
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=500, n_positions=128,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def test_generate_through_ortmodule_gives_eagers_tokens_in_ort():
+    """generate passes a DynamicCache that the forward updates: export would have written
+    its fake tensors into the caller's cache (the logits came back fake); Dynamo's capture
+    replays the update on the real one."""
+    model = _gpt2()
+    ids = torch.randint(1, 500, (1, 8), generator=torch.Generator().manual_seed(1))
+    want = model.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    om = lort.ORTModule(model, options={"executor": "ort"})
+    before = lort.stats.ort_runs
+    got = om.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+    assert lort.stats.ort_runs - before >= 16  # prefill and every decode step in ORT
+    # The prefill, then the decode step: captured again once with dynamic lengths.
+    assert len(om.transition_manager.captures) <= 3, om.transition_manager.captures
