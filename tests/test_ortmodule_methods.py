@@ -102,3 +102,46 @@ def test_generate_through_ortmodule_gives_eagers_tokens_in_ort():
     assert lort.stats.ort_runs - before >= 16  # prefill and every decode step in ORT
     # The prefill, then the decode step: captured again once with dynamic lengths.
     assert len(om.transition_manager.captures) <= 3, om.transition_manager.captures
+    # A second generate (a new DynamicCache, another prompt) reuses the captures: the
+    # cache is passed to the graph by reference, the schema depends on its class only.
+    ids2 = torch.randint(1, 500, (1, 8), generator=torch.Generator().manual_seed(2))
+    before = lort.stats.ort_runs
+    got2 = om.generate(ids2, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    assert torch.equal(got2, model.generate(ids2, max_new_tokens=16, do_sample=False, pad_token_id=0))
+    assert lort.stats.ort_runs - before >= 16
+    assert len(om.transition_manager.captures) <= 3, om.transition_manager.captures
+
+
+def test_an_object_holding_state_is_passed_by_reference():
+    """A stateful object (compared by identity, holding lists or tensors) is a leaf of its
+    class in the schema and reaches the forward as itself, so a new one each call does
+    not capture again, and what the forward writes into it lands in the caller's object."""
+
+    class Memory:
+        def __init__(self):
+            self.items = []
+
+    class Appends(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, memory):
+            y = self.lin(x)
+            memory.items.append(y)
+            return y * 2
+
+    model = Appends()
+    om = lort.ORTModule(model, options={"executor": "ort"})
+    before = lort.stats.ort_runs
+    for seed in range(3):
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(seed))
+        mine, theirs = Memory(), Memory()
+        with torch.no_grad():
+            got = om(x, mine)
+            want = model(x, theirs)
+        torch.testing.assert_close(got, want)
+        assert len(mine.items) == 1
+        torch.testing.assert_close(mine.items[0], theirs.items[0])
+    assert len(om.transition_manager.captures) == 1, om.transition_manager.captures
+    assert lort.stats.ort_runs - before >= 3

@@ -19,6 +19,11 @@ Spec nodes (first element is the kind):
     ("dict", cls, (key, ...), (child, ...))  dict, OrderedDict and other dict subclasses
     ("dataclass", cls, (field, ...), (child, ...), (non-init field, ...))
     ("model_output", cls, (key, ...), (child, ...))   transformers' ModelOutput
+    ("object", cls)                          an input object that holds tensors (a Hugging
+                                             Face DynamicCache): with ``objects`` (a list),
+                                             flatten appends it there and unflatten takes it
+                                             back, so a schema depends on its class only,
+                                             never on which object it is
 """
 
 from __future__ import annotations
@@ -48,24 +53,27 @@ def flatten(obj: Any, paths: list[str] | None = None, path: str = "") -> tuple[l
     With ``paths`` (a list), the path of each tensor leaf (e.g. ``input_ids``,
     ``x[0]['a']``) is appended to it, in the order of the tensors."""
     tensors: list[torch.Tensor] = []
-    spec = _flatten(obj, tensors, path if paths is not None else None, paths)
+    spec = _flatten(obj, tensors, path if paths is not None else None, paths, None)
     return tensors, spec
 
 
-def flatten_call(args: tuple, kwargs: dict, arg_names: list[str],
-                 paths: list[str] | None = None) -> tuple[list[torch.Tensor], tuple]:
+def flatten_call(args: tuple, kwargs: dict, arg_names: list[str], paths: list[str] | None = None,
+                 objects: list | None = None) -> tuple[list[torch.Tensor], tuple]:
     """``flatten((args, kwargs))`` where positional argument i is named ``arg_names[i]``
-    in paths (the parameter names of ``forward``) and keyword arguments by their key."""
+    in paths (the parameter names of ``forward``) and keyword arguments by their key.
+    With ``objects`` (a list), an object that holds tensors is appended to it and is an
+    ``("object", cls)`` leaf (else a constant: the same object or a new schema)."""
     if paths is None and not kwargs and all(map(is_tensor, args)):
         # The common call, tensors only: its spec without walking (the same as below).
         return list(args), tensor_call_spec(len(args))
     tensors: list[torch.Tensor] = []
     track = paths is not None
     a = tuple(
-        _flatten(v, tensors, (arg_names[i] if i < len(arg_names) else f"args[{i}]") if track else None, paths)
+        _flatten(v, tensors, (arg_names[i] if i < len(arg_names) else f"args[{i}]") if track else None, paths,
+                 objects)
         for i, v in enumerate(args)
     )
-    k = _flatten(kwargs, tensors, "" if track else None, paths)
+    k = _flatten(kwargs, tensors, "" if track else None, paths, objects)
     return tensors, ("tuple", (("tuple", a), k))
 
 
@@ -85,9 +93,11 @@ def tensor_call_spec(n: int) -> tuple:
 
 
 def opaque_constant(spec: tuple) -> type | None:
-    """The type of the first constant leaf of ``spec`` that is no plain constant (an
-    object kept as it was, which may hold tensors: a Hugging Face DynamicCache), or None."""
+    """The type of the first leaf of ``spec`` that is no plain constant (an object kept
+    as it was, which may hold tensors: a Hugging Face DynamicCache), or None."""
     kind = spec[0]
+    if kind == "object":
+        return spec[1]
     if kind == "const":
         return None if isinstance(spec[2], _CONSTANT_TYPES) else spec[1]
     if kind == "tensor":
@@ -147,7 +157,7 @@ def diff_call(old: tuple, new: tuple, arg_names: list[str]) -> list[str]:
     return out
 
 
-def _flatten(obj, tensors, path, paths):
+def _flatten(obj, tensors, path, paths, objects):
     # ``path`` is None when paths are not tracked (the common, fast case).
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
@@ -159,17 +169,17 @@ def _flatten(obj, tensors, path, paths):
     mo = _model_output_class()
     if mo is not None and isinstance(obj, mo):
         keys = tuple(obj.keys())
-        children = tuple(_flatten(obj[k], tensors, _sub(path, "." + k), paths) for k in keys)
+        children = tuple(_flatten(obj[k], tensors, _sub(path, "." + k), paths, objects) for k in keys)
         return ("model_output", type(obj), keys, children)
     if isinstance(obj, tuple):
         if hasattr(type(obj), "_fields"):
             fields = type(obj)._fields
-            children = tuple(_flatten(v, tensors, _sub(path, "." + f), paths) for f, v in zip(fields, obj))
+            children = tuple(_flatten(v, tensors, _sub(path, "." + f), paths, objects) for f, v in zip(fields, obj))
             return ("namedtuple", type(obj), children)
-        children = tuple(_flatten(v, tensors, _sub(path, f"[{i}]"), paths) for i, v in enumerate(obj))
+        children = tuple(_flatten(v, tensors, _sub(path, f"[{i}]"), paths, objects) for i, v in enumerate(obj))
         return ("tuple", children)
     if isinstance(obj, list):
-        children = tuple(_flatten(v, tensors, _sub(path, f"[{i}]"), paths) for i, v in enumerate(obj))
+        children = tuple(_flatten(v, tensors, _sub(path, f"[{i}]"), paths, objects) for i, v in enumerate(obj))
         return ("list", children)
     if isinstance(obj, dict):
         keys = tuple(obj.keys())
@@ -180,15 +190,18 @@ def _flatten(obj, tensors, path, paths):
                     "dict keys must be strings, numbers or other constants"
                 )
         children = tuple(
-            _flatten(obj[k], tensors, None if path is None else _key_path(path, k), paths) for k in keys
+            _flatten(obj[k], tensors, None if path is None else _key_path(path, k), paths, objects) for k in keys
         )
         return ("dict", type(obj), keys, children)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         fields = dataclasses.fields(obj)
         init = tuple(f.name for f in fields if f.init)
         rest = tuple(f.name for f in fields if not f.init)
-        children = tuple(_flatten(getattr(obj, f), tensors, _sub(path, "." + f), paths) for f in init + rest)
+        children = tuple(_flatten(getattr(obj, f), tensors, _sub(path, "." + f), paths, objects) for f in init + rest)
         return ("dataclass", type(obj), init, children, rest)
+    if objects is not None and _by_reference(obj):
+        objects.append(obj)
+        return ("object", type(obj))
     try:
         hash(obj)
     except TypeError:
@@ -201,6 +214,35 @@ def _flatten(obj, tensors, path, paths):
     return ("const", type(obj), obj)
 
 
+def _by_reference(obj) -> bool:
+    """Whether ``obj`` is passed to the graph as the object it is (an ``("object", cls)``
+    leaf): an object compared by identity whose attributes hold state (tensors, lists,
+    dicts), such as a cache that the forward fills, empty or not. Such objects differ on
+    every call (generate makes a new cache each time) and Dynamo guards on what the graph
+    reads from them; keying a schema on them would capture again for each one."""
+    if isinstance(obj, (type, torch.nn.Module)) or callable(obj) or type(obj).__eq__ is not object.__eq__:
+        return False
+    attrs = getattr(obj, "__dict__", None)
+    return isinstance(attrs, dict) and any(
+        isinstance(v, (list, dict)) or _holds_tensors(v, 2) for v in attrs.values()
+    )
+
+
+def _holds_tensors(obj, depth: int) -> bool:
+    """Whether ``obj``'s attributes hold a tensor, ``depth`` levels down (through lists,
+    tuples, dicts and objects' attributes): a cache, whose tensors change from call to call."""
+    if isinstance(obj, torch.Tensor):
+        return True
+    if depth == 0 or isinstance(obj, (_CONSTANT_TYPES, type, torch.nn.Module)) or callable(obj):
+        return False
+    if isinstance(obj, (list, tuple)):
+        return any(_holds_tensors(v, depth - 1) for v in obj)
+    if isinstance(obj, dict):
+        return any(_holds_tensors(v, depth - 1) for v in obj.values())
+    attrs = getattr(obj, "__dict__", None)
+    return isinstance(attrs, dict) and any(_holds_tensors(v, depth - 1) for v in attrs.values())
+
+
 def _sub(path: str | None, suffix: str) -> str | None:
     return None if path is None else path + suffix
 
@@ -211,36 +253,39 @@ def _key_path(path: str, key) -> str:
     return f"{path}[{key!r}]"
 
 
-def unflatten(spec: tuple, tensors) -> Any:
-    """Rebuild the object ``flatten`` took apart, taking tensors in order from ``tensors``."""
-    return _unflatten(spec, iter(tensors))
+def unflatten(spec: tuple, tensors, objects=()) -> Any:
+    """Rebuild the object ``flatten`` took apart, taking tensors in order from ``tensors``
+    (and ``("object", cls)`` leaves from ``objects``)."""
+    return _unflatten(spec, iter(tensors), iter(objects))
 
 
-def _unflatten(spec, it: Iterator):
+def _unflatten(spec, it: Iterator, objs: Iterator):
     kind = spec[0]
     if kind == "tensor":
         return next(it)
+    if kind == "object":
+        return next(objs)
     if kind == "const":
         return spec[2]
     if kind == "list":
-        return [_unflatten(c, it) for c in spec[1]]
+        return [_unflatten(c, it, objs) for c in spec[1]]
     if kind == "tuple":
-        return tuple([_unflatten(c, it) for c in spec[1]])
+        return tuple([_unflatten(c, it, objs) for c in spec[1]])
     if kind == "namedtuple":
-        return spec[1](*[_unflatten(c, it) for c in spec[2]])
+        return spec[1](*[_unflatten(c, it, objs) for c in spec[2]])
     if kind == "dict":
         cls, keys, children = spec[1], spec[2], spec[3]
-        values = [_unflatten(c, it) for c in children]
+        values = [_unflatten(c, it, objs) for c in children]
         if cls is dict:
             return dict(zip(keys, values))
         return cls(zip(keys, values))
     if kind == "model_output":
         cls, keys, children = spec[1], spec[2], spec[3]
-        values = [_unflatten(c, it) for c in children]
+        values = [_unflatten(c, it, objs) for c in children]
         return cls(**dict(zip(keys, values)))
     if kind == "dataclass":
         cls, init, children, rest = spec[1], spec[2], spec[3], spec[4]
-        values = [_unflatten(c, it) for c in children]
+        values = [_unflatten(c, it, objs) for c in children]
         obj = cls(**dict(zip(init, values[: len(init)])))
         for name, v in zip(rest, values[len(init):]):
             object.__setattr__(obj, name, v)
@@ -255,6 +300,8 @@ def describe(spec: tuple) -> str:
         return "Tensor"
     if kind == "const":
         return repr(spec[2])
+    if kind == "object":
+        return spec[1].__name__
     if kind == "list":
         return "[" + ", ".join(describe(c) for c in spec[1]) + "]"
     if kind == "tuple":

@@ -4,7 +4,9 @@ captured again (and say why), run, and rebuild the outputs.
 
 A schema key is what a graph depends on besides shapes:
 
-- the input structure and every non-tensor input (``io.flatten_call``'s spec),
+- the input structure and every non-tensor input (``io.flatten_call``'s spec); an
+  object that holds state (a DynamicCache) counts by its class only: it is passed to
+  the compiled function, and Dynamo guards on what the graph reads from it,
 - each input tensor's dtype, rank, device and ``requires_grad``,
 - grad mode,
 - the module's state: ``training`` of every submodule, every plain attribute (bool, int,
@@ -117,11 +119,12 @@ class _ModuleBackend(LortBackend):
 
 
 def _make_flat_fn(module: torch.nn.Module, spec: tuple, tag: str) -> Callable:
-    """``fn(*tensors) -> (output tensors, output spec)`` for one schema, on a fresh code
-    object named ``tag`` (Dynamo caches and counts recompiles per code object)."""
+    """``fn(objects, *tensors) -> (output tensors, output spec)`` for one schema, on a
+    fresh code object named ``tag`` (Dynamo caches and counts recompiles per code object);
+    ``objects``: the call's ``("object", cls)`` leaves (io.flatten_call)."""
 
-    def call(*flat):
-        args, kwargs = io.unflatten(spec, flat)
+    def call(objects, *flat):
+        args, kwargs = io.unflatten(spec, flat, objects)
         out = module(*args, **kwargs)
         tensors, out_spec = io.flatten(out)
         return tuple(tensors), out_spec
@@ -202,7 +205,8 @@ class TransitionManager:
 
     def full(self, args: tuple, kwargs: dict) -> Any:
         """A call by the full path (the schema key, the entry, its runner or Dynamo)."""
-        tensors, spec = io.flatten_call(args, kwargs, self._arg_names)
+        objects: list = []
+        tensors, spec = io.flatten_call(args, kwargs, self._arg_names, objects=objects)
         meta = tuple((t.dtype, t.dim(), t.device, t.requires_grad) for t in tensors)
         grad, state = torch.is_grad_enabled(), self._tree.token()
         last, entry = self._last_key, self._last_entry
@@ -232,7 +236,7 @@ class TransitionManager:
                         and not runner.runs_eager:
                     self.lane = direct.lane(entry, runner, tensors, grad, state, self._tree)
                 return out
-        return self._run(entry, tensors, args, kwargs)
+        return self._run(entry, tensors, args, kwargs, tuple(objects))
 
     # -- direct inference (module/direct.py) -------------------------------------------
     def _direct_runner(self, entry: Entry, tensors: list) -> "direct.DirectRunner | None":
@@ -326,10 +330,10 @@ class TransitionManager:
         with open(os.path.join(directory, f"{stem}_schema.txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
 
-    def _run(self, entry: Entry, tensors: list, args: tuple, kwargs: dict) -> Any:
+    def _run(self, entry: Entry, tensors: list, args: tuple, kwargs: dict, objects: tuple = ()) -> Any:
         before = entry.graph_count()
         try:
-            out_tensors, out_spec = entry.fn(*tensors)
+            out_tensors, out_spec = entry.fn(objects, *tensors)
         except Exception as e:
             # Dynamo's and lort's errors are capture or compile failures; on an entry's
             # first call, so is anything else (its graph has never run).
