@@ -18,7 +18,7 @@ import torch
 import torch.fx
 from torch._functorch.aot_autograd import make_boxed_func
 
-from ..capture import attention
+from ..capture import attention, symbolic_sizes
 from ..diagnostics import progress
 from ..diagnostics.report import GraphRecord
 from ..errors import LortError, SessionCreationError, TranslationError
@@ -54,6 +54,8 @@ class GraphCompiler:
         """``weights``: placeholder index -> (name, tensor) of the module weights: an
         inference graph may freeze them, any graph times its groups on them (Options.freeze)."""
         progress.log_captured(self.options, name, gm, captured_s)
+        if self.options.mode != "pytorch":
+            symbolic_sizes.sizes_from_inputs(gm)
         if kind == "inference" and self.options.mode != "pytorch":
             attention.elementwise_safe_softmax(gm)
         record = GraphRecord(kind=kind, name=name, graph_module=gm)

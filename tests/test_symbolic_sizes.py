@@ -1,0 +1,64 @@
+"""Sizes read from the graph's inputs (lort/capture/symbolic_sizes.py): a ``sym_size`` of
+a tensor the graph computes no longer cuts the ORT group in two."""
+
+import torch
+
+import lort
+
+
+class _Decoder(torch.nn.Module):
+    """Two attention layers that append the new step to their key cache (``cat``) and
+    attend over it: the attention's decomposition reads the cache's new length as a size
+    of the concatenation, as transformers' decoders do."""
+
+    def __init__(self):
+        super().__init__()
+        self.lins = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x, caches):
+        outs = []
+        for lin, cache in zip(self.lins, caches):
+            k = torch.cat([cache, lin(x)], dim=2)
+            x = torch.nn.functional.scaled_dot_product_attention(x, k, k) + x
+            outs.append(k)
+        return x, outs
+
+
+def test_a_size_of_a_computed_tensor_is_read_from_the_inputs_and_keeps_one_group():
+    be = lort.LortBackend({"executor": "ort"})
+    torch.manual_seed(0)
+    model = _Decoder()
+    compiled = torch.compile(model, backend=be, dynamic=True)
+    for cache_len in (3, 5, 9):
+        x = torch.randn(1, 2, 1, 8)
+        caches = [torch.randn(1, 2, cache_len, 8) for _ in range(2)]
+        with torch.no_grad():
+            want = model(x, caches)
+            got = compiled(x, caches)
+        torch.testing.assert_close(got, want)
+    (record,) = be.records
+    # Without the rewrite, each layer's sym_size(cat, 1) stayed in PyTorch between the
+    # layers' ops: two groups. Now the sizes come from the caches' inputs.
+    assert len(record.groups) == 1, [g.name for g in record.groups]
+    left = [op for op, _ in record.fallbacks]
+    assert not any("sym_size" in op for op in left), left
+
+
+def test_the_rewrite_gives_the_inputs_arithmetic():
+    from lort.capture.symbolic_sizes import sizes_from_inputs
+
+    def f(a, b):
+        c = torch.cat([a, b], dim=0)
+        return c.new_zeros(c.shape[0] * 2)
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f, tracing_mode="symbolic")(torch.randn(3), torch.randn(4))
+    computed = [n for n in gm.graph.nodes
+                if n.target is torch.ops.aten.sym_size.int and n.args[0].op != "placeholder"]
+    assert computed, gm.graph  # the size of the concatenation, read from it
+    done = sizes_from_inputs(gm)
+    for n in gm.graph.nodes:
+        if n.target is torch.ops.aten.sym_size.int:
+            assert n.args[0].op == "placeholder"
+    a, b = torch.randn(5), torch.randn(2)
+    assert gm(a, b).shape == f(a, b).shape == (14,)
+    assert done == len(computed)
