@@ -77,7 +77,12 @@ class LortBackend:
             compiled = aot_backend(compile_aot, decomps)(gm, example_inputs)
         real.clear()
         if timed and not choice:
-            compiled = ChooseOnFirstCall(gm.forward, compiled, own, self.tuner, cache, choice_key, self.options.progress)
+            settled = self.tuner.settled_by_groups(own)
+            if settled is None:
+                compiled = ChooseOnFirstCall(gm.forward, compiled, own, self.tuner, cache, choice_key,
+                                             self.options.progress)
+            else:
+                self._settled_by_groups(own, settled, cache, choice_key)
         # Dynamo keeps what a backend returns for good: the graph's sessions and frozen
         # weights go when the module whose weights it reads is collected.
         for owner in weights_mod.owners(gm):
@@ -127,7 +132,22 @@ class LortBackend:
                 return compiled
             record.ran_whole_in_pytorch(choice.get("times", {}), cached=True)
             return eager
+        settled = self.tuner.settled_by_groups([record])
+        if settled is not None:
+            self._settled_by_groups([record], settled, cache, key)
+            return compiled
         return ChooseOnFirstCall(eager, compiled, [record], self.tuner, cache, key, self.options.progress)
+
+    def _settled_by_groups(self, records: list, times: dict, cache, key) -> None:
+        """The groups' timings chose ORT for the whole graph (Tuner.settled_by_groups):
+        recorded, and stored as the graph's choice, without timing it again."""
+        for record in records:
+            record.executor_times = dict(times)
+        if cache is not None:
+            cache.store_record(key, {"executor": "ort", "times": times})
+        logger.info("lort: %s: runs through lort: its ORT groups took %.3f ms, %.3f ms in PyTorch (not timed "
+                    "again as a whole)", "+".join(r.name for r in records), times["ort"] * 1e3,
+                    times["pytorch"] * 1e3)
 
     def _times_whole_graph(self, example_inputs: list, entries) -> bool:
         """executor="auto" also weighs the whole graph against eager PyTorch (on CPU or

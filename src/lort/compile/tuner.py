@@ -32,7 +32,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..options import Options
-from ..reasons import Placement
+from ..reasons import Placement, ReasonKind
 from ..runtime import cuda
 from ..runtime.dtypes import TABLE
 from ..runtime.frozen import timing_runs
@@ -66,6 +66,13 @@ class Tuner:
     graph_budget_s: float = 0.3
     graph_min_samples: int = 3
     graph_max_samples: int = 15
+    #: An inference graph wholly in ORT groups, each timed against PyTorch, is not timed
+    #: again as a whole where the groups' ORT time is at least this long (a call's own
+    #: cost, well under a millisecond, is then under 1%: the whole graph could only
+    #: repeat the groups' measurement, at seconds a call on a large model) and PyTorch's
+    #: is at least ``graph_settled_ratio`` times it.
+    graph_settled_min_s: float = 0.02
+    graph_settled_ratio: float = 1.2
 
     # -- decisions -----------------------------------------------------------------
     def choose_threads(
@@ -91,6 +98,30 @@ class Tuner:
         if ort_time is None or torch_time is None:
             return Placement.ORT
         return Placement.PYTORCH if torch_time < self.group_pytorch_margin * ort_time else Placement.ORT
+
+    def settled_by_groups(self, records: list) -> dict | None:
+        """The whole-graph times (``{"ort": s, "pytorch": s}``, the groups' sums) of an
+        inference graph whose groups already decide it for ORT (see
+        ``graph_settled_min_s``), or None where the whole graph must be timed: a training
+        graph (its backward is timed with it), a tensor op left in PyTorch (lort's graph
+        then crosses between the two), a group in PyTorch or untimed, or a close call."""
+        if not records or any(r.kind != "inference" for r in records):
+            return None
+        ort = pytorch = 0.0
+        for r in records:
+            # In an AOTAutograd graph every tensor op is ATen: what else is left in
+            # PyTorch is size arithmetic on SymInts.
+            if not r.groups or any(getattr(why, "kind", None) != ReasonKind.NOT_ATEN for _, why in r.fallbacks):
+                return None
+            for g in r.groups:
+                times = g.executor_times
+                if g.executor != Placement.ORT or "ort" not in times or "pytorch" not in times:
+                    return None
+                ort += times["ort"]
+                pytorch += times["pytorch"]
+        if ort < self.graph_settled_min_s or pytorch < self.graph_settled_ratio * ort:
+            return None
+        return {"ort": ort, "pytorch": pytorch}
 
     def choose_graph_executor(self, times: dict | None) -> Placement:
         """``times``: ``time_graph``'s result with keys "ort" (lort's graph) and "pytorch"."""
@@ -196,7 +227,6 @@ class Tuner:
         samples: dict[str, list[float]] = {name: [] for name in candidates}
         for fn in candidates.values():  # warm-up: lazy compiles (the backward), caches
             _step(fn, args, train)
-            _step(fn, args, train)
         spent = 0.0
         while True:
             for name, fn in candidates.items():
@@ -208,7 +238,11 @@ class Tuner:
                 samples[name].append(elapsed)
                 spent += elapsed
             n = len(next(iter(samples.values())))
-            if n >= self.graph_max_samples or (n >= self.graph_min_samples and spent > self.graph_budget_s * len(candidates)):
+            # A call past the budget (a large model's, seconds each): two rounds, the
+            # minimum of which is read, tell as much as three.
+            long = n >= 2 and min(min(v) for v in samples.values()) > self.graph_budget_s
+            if n >= self.graph_max_samples or long or (
+                    n >= self.graph_min_samples and spent > self.graph_budget_s * len(candidates)):
                 return {name: min(v) for name, v in samples.items()}
 
 

@@ -1,0 +1,91 @@
+"""What makes a first call cheaper without changing what runs: the whole-graph timing
+that a graph's groups already decide, two rounds for a long call, and onnxscript's
+rewrite rules that cost the square of a group's size."""
+
+import collections
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lort.compile.tuner import Tuner
+from lort.reasons import Placement, Reason, ReasonKind
+from lort.translate import _compat, onnx_export
+
+
+def _record(kind="inference", times=((0.05, 0.08),), fallbacks=(), executor=Placement.ORT):
+    groups = [SimpleNamespace(executor=executor, executor_times={"ort": o, "pytorch": p}) for o, p in times]
+    return SimpleNamespace(kind=kind, groups=groups, fallbacks=list(fallbacks))
+
+
+def test_an_inference_graph_its_groups_decide_for_ort_is_not_timed_again():
+    tuner = Tuner()
+    assert tuner.settled_by_groups([_record()]) == {"ort": 0.05, "pytorch": 0.08}
+    size = ("add", Reason(ReasonKind.NOT_ATEN, "add is not an ATen operator"))
+    assert tuner.settled_by_groups([_record(fallbacks=[size])]) is not None  # SymInt arithmetic only
+
+
+@pytest.mark.parametrize("record, why", [
+    (_record(kind="forward"), "a training graph: its backward is timed with it"),
+    (_record(times=((0.05, 0.055),)), "a close call: eager's native kernels may beat the decomposed graph"),
+    (_record(times=((0.001, 0.01),)), "a short call: the call's own cost counts"),
+    (_record(fallbacks=[("aten.nonzero.default", Reason(ReasonKind.NO_TRANSLATION, "x"))]), "a tensor op in PyTorch"),
+    (_record(executor=Placement.PYTORCH), "a group in PyTorch"),
+    (SimpleNamespace(kind="inference", groups=[SimpleNamespace(executor=Placement.ORT, executor_times={})],
+                     fallbacks=[]), "an untimed group"),
+])
+def test_the_whole_graph_is_timed_where_its_groups_do_not_settle_it(record, why):
+    assert Tuner().settled_by_groups([record]) is None, why
+
+
+def test_a_long_call_is_timed_in_two_rounds_after_one_warm_up():
+    calls = collections.Counter()
+
+    def slow(name):
+        def fn(*args):
+            calls[name] += 1
+            time.sleep(0.03)
+            return torch.zeros(1)
+        return fn
+
+    tuner = Tuner(graph_budget_s=0.01)
+    times = tuner.time_graph({"ort": slow("ort"), "pytorch": slow("pytorch")}, [torch.zeros(1)])
+    assert set(times) == {"ort", "pytorch"}
+    assert calls == {"ort": 3, "pytorch": 3}  # one warm-up, two samples
+    calls.clear()
+    Tuner(graph_budget_s=1.0).time_graph({"ort": slow("ort"), "pytorch": slow("pytorch")}, [torch.zeros(1)])
+    assert calls["ort"] >= 4  # a short call: at least three samples
+
+
+def test_the_rewrites_run_without_the_quadratic_rule_and_restore_the_rules(monkeypatch):
+    """SlicesSplit (two output nodes: matched by scanning the whole graph per candidate)
+    is left out of the optimizer runs inside optimize_for_ort, and onnxscript's rule set
+    is as it was after the call."""
+    from onnxscript import optimizer, rewriter
+
+    (rule,) = _compat._quadratic_rules()
+    before = rewriter._DEFAULT_REWRITE_RULES
+    assert rule in before
+    seen = []
+    real = optimizer.optimize_ir
+
+    def spy(*args, **kwargs):
+        seen.append(rewriter._DEFAULT_REWRITE_RULES)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optimizer, "optimize_ir", spy)
+
+    class Halves(torch.nn.Module):
+        def forward(self, x):
+            return x[..., 0:4] * 2, x[..., 4:8] + 1
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(Halves())(torch.randn(3, 8))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        FakeTensorProp(gm, mode).propagate(mode.from_tensor(torch.randn(3, 8)))
+    _compat.optimize_for_ort(onnx_export.group_to_onnx(gm, "halves"))
+    assert seen, "optimize_for_ort ran no optimizer pass"
+    assert all(rule not in rules and len(rules) == len(before) - 1 for rules in seen)
+    assert rewriter._DEFAULT_REWRITE_RULES is before
