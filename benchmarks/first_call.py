@@ -2,7 +2,7 @@
 
 For each model: lort with an empty disk cache (cold) and again with the cache that run
 filled (warm), and inductor likewise with its own cache directory. Each measurement is
-a fresh Python process. Prints a table and appends it to benchmarks/first_call.md.
+a fresh Python process. Prints a table and writes it as the ``cold-warm`` section of benchmarks/first_call.md.
 
     python benchmarks/first_call.py [--models mlp,bert] [--scenarios infer1,train]
 """
@@ -64,12 +64,14 @@ def main(argv=None):
             line = f"| {name} | {scenario} | {ic:.2f} | {iw:.2f} | {lc:.2f} | {lw:.2f} | {lw / lc:.2f} | {lc / ic:.2f} |"
             lines.append(line)
             print(line, flush=True)
-    with open(a.out, "w") as f:
-        f.write(
-            "# First call in a new process\n\nTaken by `python benchmarks/first_call.py`: each figure is one fresh "
-            "process's first call (capture + compile + first run), cold (empty cache directory) and warm (the "
-            "directory the cold run filled: lort's disk cache, inductor's own cache).\n\n" + "\n".join(lines) + "\n"
-        )
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from scale import write_section  # the file's other sections (by hand, stages) stay
+
+    write_section(a.out, "cold-warm", [
+        f"Taken by `python benchmarks/first_call.py {' '.join(argv or sys.argv[1:])}`: each figure is one fresh "
+        "process's first call (capture + compile + first run), cold (empty cache directory) and warm (the "
+        "directory the cold run filled: lort's disk cache, inductor's own cache).", "", *lines,
+    ])
     print(f"wrote {a.out}")
 
 
