@@ -36,7 +36,7 @@ class Scorer(nn.Module):
 
 
 class Child(Scorer):
-    def predict(self, x):  # super() needs an instance of Scorer: stays bound to the module
+    def predict(self, x):  # super() needs an instance of Scorer: bound to a view of the module
         return super().predict(x) + 0
 
 
@@ -71,11 +71,22 @@ def test_self_call_inside_a_user_method_runs_through_ort():
     assert om.named().startswith("ORTModule[")
 
 
-def test_a_method_calling_super_stays_bound_to_the_module():
+def test_a_method_calling_super_runs_through_ort_on_a_view_of_the_module():
+    """super() needs an instance of the defining class: the method is bound to the
+    wrapper's view of the module (a subclass instance sharing the module's __dict__,
+    called through the wrapper), so super() resolves and self(...) still runs in ORT."""
     om, module = _wrapped(Child)
-    assert om.predict.__self__ is module
+    view = om.predict.__self__
+    assert isinstance(view, Child) and view is not module
+    assert view.__dict__ is module.__dict__  # its parameters, submodules and attributes
+    assert om.predict.__func__ is Child.predict
     x = torch.randn(3, 8)
-    torch.testing.assert_close(om.predict(x), module.predict(x))
+    before = lort.stats.ort_runs
+    with torch.no_grad():
+        torch.testing.assert_close(om.predict(x), module.predict(x))
+    assert lort.stats.ort_runs - before >= 1
+    view.note = 3  # an attribute written through the view is the module's
+    assert module.note == 3
 
 
 def _gpt2():
@@ -145,3 +156,58 @@ def test_an_object_holding_state_is_passed_by_reference():
         torch.testing.assert_close(mine.items[0], theirs.items[0])
     assert len(om.transition_manager.captures) == 1, om.transition_manager.captures
     assert lort.stats.ort_runs - before >= 3
+
+
+def _t5():
+    make_torchvision_importable()
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(vocab_size=200, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                                num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    return transformers.T5ForConditionalGeneration(cfg).eval()
+
+
+def test_encoder_decoder_generate_through_both_front_ends_gives_eagers_tokens_in_ort():
+    """T5: generate runs the encoder once (its own submodule) and each decoder step through
+    the model's forward, with an EncoderDecoderCache of two DynamicCaches."""
+    model = _t5()
+    ids = torch.randint(2, 200, (1, 10), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    want = model.generate(ids, **kw)
+    om = lort.ORTModule(model, options={"executor": "ort"})
+    for _ in range(2):
+        before = lort.stats.ort_runs
+        assert torch.equal(om.generate(ids, **kw), want)
+        assert lort.stats.ort_runs - before >= 12  # every decoder step in ORT
+    assert len(om.transition_manager.captures) <= 3, om.transition_manager.captures
+    forward = model.forward
+    try:
+        model.forward = torch.compile(forward, backend=lort.LortBackend({"executor": "ort"}))
+        before = lort.stats.ort_runs
+        assert torch.equal(model.generate(ids, **kw), want)
+        assert lort.stats.ort_runs - before >= 12
+    finally:
+        model.forward = forward
+
+
+def test_whisper_generate_which_calls_super_runs_through_ortmodule():
+    """Whisper's generate calls super().generate: bound to the wrapper's view of the
+    module, each decoder step still runs through ORT, with eager's tokens."""
+    make_torchvision_importable()
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.WhisperConfig(
+        vocab_size=200, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=50,
+        max_target_positions=64, decoder_start_token_id=1, pad_token_id=0, eos_token_id=2, bos_token_id=1)
+    model = transformers.WhisperForConditionalGeneration(cfg).eval()
+    features = torch.randn(1, 16, 100, generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    want = model.generate(input_features=features, **kw)
+    om = lort.ORTModule(model, options={"executor": "ort"})
+    before = lort.stats.ort_runs
+    assert torch.equal(om.generate(input_features=features, **kw), want)
+    assert lort.stats.ort_runs - before >= 12
+    assert len(om.transition_manager.captures) <= 3, om.transition_manager.captures

@@ -27,7 +27,6 @@ import inspect
 import logging
 import os
 import threading
-import types
 import weakref
 from typing import Any, Iterator, Mapping
 
@@ -35,6 +34,7 @@ import torch
 import torch.nn.modules.module as _nn_module
 
 from ..options import Options
+from . import methods
 from .direct import MISS
 from .transition import TransitionManager
 
@@ -118,25 +118,8 @@ def _configure_logging(level: LogLevel) -> None:
 # ``forward`` (and accelerate's ``_original_forward``) stay on the wrapper: replacing the
 # wrapper's forward, as accelerate does to add autocast, must wrap the wrapper's call, not
 # make the wrapped module call the wrapper back.
-_OWN = ("_lort_module", "_lort_manager", "_lort_debug", "_lort_options", "forward", "_original_forward")
-
-def _rebinds(value: Any, module: torch.nn.Module, name: str) -> bool:
-    """Whether ``value`` (``module.<name>``) is a method the wrapper binds to itself: a
-    plain function of the wrapped module's class hierarchy that is not ``nn.Module``'s
-    own (``forward`` is the wrapper's already). Methods whose code calls ``super()``
-    stay bound to the module: ``super()`` needs an instance of the defining class."""
-    if type(value) is not types.MethodType or value.__self__ is not module or name.startswith("__"):
-        return False
-    func = value.__func__
-    if getattr(torch.nn.Module, name, None) is func or not isinstance(func, types.FunctionType):
-        return False
-    while func is not None:  # a decorated method: each function of its __wrapped__ chain
-        code = getattr(func, "__code__", None)
-        if code is not None and ("__class__" in code.co_freevars or "super" in code.co_names):
-            return False
-        func = getattr(func, "__wrapped__", None)
-    return True
-
+_OWN = ("_lort_module", "_lort_manager", "_lort_debug", "_lort_options", "_lort_view", "forward",
+        "_original_forward")
 
 #: One ORTModule subclass per wrapped class (see the module docstring).
 _CLASSES: "weakref.WeakKeyDictionary[type, type]" = weakref.WeakKeyDictionary()
@@ -267,13 +250,9 @@ class ORTModule(torch.nn.Module, metaclass=_WrapperClass):
     def __getattr__(self, name: str) -> Any:
         d = self.__dict__
         if "_lort_module" in d:
-            value = getattr(d["_lort_module"], name)
-            if _rebinds(value, d["_lort_module"], name):
-                # The wrapped class's own method, bound to the wrapper (as
-                # onnxruntime-training's ORTModule binds them): ``self(...)`` inside
-                # ``generate``, ``predict`` or ``encode`` runs through ORT.
-                return types.MethodType(value.__func__, self)
-            return value
+            # The wrapped class's own methods are bound to the wrapper (module/methods.py):
+            # ``self(...)`` inside ``generate``, ``predict`` or ``encode`` runs through ORT.
+            return methods.bound(getattr(d["_lort_module"], name), d["_lort_module"], name, self)
         return super().__getattr__(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
