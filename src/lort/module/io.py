@@ -19,7 +19,7 @@ Spec nodes (first element is the kind):
     ("dict", cls, (key, ...), (child, ...))  dict, OrderedDict and other dict subclasses
     ("dataclass", cls, (field, ...), (child, ...), (non-init field, ...))
     ("model_output", cls, (key, ...), (child, ...))   transformers' ModelOutput
-    ("object", cls)                          an input object that holds tensors (a Hugging
+    ("object", cls)                          an input object that holds state (a Hugging
                                              Face DynamicCache): with ``objects`` (a list),
                                              flatten appends it there and unflatten takes it
                                              back, so a schema depends on its class only,
@@ -61,8 +61,9 @@ def flatten_call(args: tuple, kwargs: dict, arg_names: list[str], paths: list[st
                  objects: list | None = None) -> tuple[list[torch.Tensor], tuple]:
     """``flatten((args, kwargs))`` where positional argument i is named ``arg_names[i]``
     in paths (the parameter names of ``forward``) and keyword arguments by their key.
-    With ``objects`` (a list), an object that holds tensors is appended to it and is an
-    ``("object", cls)`` leaf (else a constant: the same object or a new schema)."""
+    With ``objects`` (a list), an object that holds state (``_by_reference``) is appended
+    to it and is an ``("object", cls)`` leaf (else a constant: the same object or a new
+    schema)."""
     if paths is None and not kwargs and all(map(is_tensor, args)):
         # The common call, tensors only: its spec without walking (the same as below).
         return list(args), tensor_call_spec(len(args))
