@@ -56,8 +56,8 @@ class GraphCompiler:
         progress.log_captured(self.options, name, gm, captured_s)
         if self.options.mode != "pytorch":
             symbolic_sizes.sizes_from_inputs(gm)
-        if kind == "inference" and self.options.mode != "pytorch":
-            attention.elementwise_safe_softmax(gm)
+            if kind == "inference":
+                attention.elementwise_safe_softmax(gm)
         record = GraphRecord(kind=kind, name=name, graph_module=gm)
         plan_key = disk_cache.graph_key(gm, self.options, what="plan") if self.cache else None
         unsupported = self._cached_plan(gm, self.cache.load_record(plan_key)) if self.cache else None

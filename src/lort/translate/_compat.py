@@ -177,7 +177,8 @@ def optimize_for_ort(model: ir.Model) -> tuple[ir.Model, dict[str, int]]:
         saved = optimizer.optimize.__kwdefaults__
         rules = rewriter._DEFAULT_REWRITE_RULES
         optimizer.optimize.__kwdefaults__ = {**(saved or {}), "output_size_limit": FOLD_OUTPUT_SIZE_LIMIT}
-        rewriter._DEFAULT_REWRITE_RULES = tuple(r for r in rules if r not in _quadratic_rules())
+        quadratic = _quadratic_rules()
+        rewriter._DEFAULT_REWRITE_RULES = tuple(r for r in rules if r not in quadratic)
         try:
             return _optimize_for_ort(model)
         finally:

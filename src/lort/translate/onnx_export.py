@@ -44,9 +44,8 @@ def off_compile_thread(fn, *args):
     from ORTModule's export path, a 2-layer one 1.7-2.1 s against 0.57 s on a thread of
     its own. The caller waits; exceptions come back as raised."""
     global _worker
-    if threading.current_thread().name.startswith(_WORKER_NAME):
-        with unset_fake_temporarily():
-            return fn(*args)
+    if threading.current_thread().name.startswith(_WORKER_NAME):  # a nested call
+        return _without_fake_mode(fn, *args)
     with _worker_lock:
         if _worker is None:
             _worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=_WORKER_NAME)
