@@ -67,9 +67,10 @@ def wrap(owner, attr, label):
     setattr(owner, attr, timed)
 
 
-wrap(onnx_export, "group_to_onnx", "translate")
+wrap(onnx_export, "translate_group", "translate")
 wrap(onnx_export, "serialize", "translate")
 wrap(onnx_export, "fuse_for_ort", "rewrite")
+wrap(onnx_export, "_fuse_runs", "rewrite")
 wrap(group_compiler, "GroupSession", "session")
 wrap(group_compiler.GroupCompiler, "_choose_threads", "group timing")
 wrap(group_compiler.GroupCompiler, "_choose_executor", "group timing")

@@ -67,7 +67,7 @@ def frozen_model(model: ir.Model, frozen: tuple[FrozenWeight, ...], tensors: lis
 
 
 def candidates(model: ir.Model, frozen: tuple[FrozenWeight, ...], options: Options,
-               tensors: list[torch.Tensor] | None = None) -> list:
+               tensors: list[torch.Tensor] | None = None, fuse=None) -> list:
     """Functions giving (``OnnxModel``, ORT fusions that fired), or None where the
     rewrite fails, to try in order: ORT-fused first (with ``options.ort_fusions``),
     then plain, with the weights frozen. The weights never enter the model's bytes:
@@ -75,10 +75,12 @@ def candidates(model: ir.Model, frozen: tuple[FrozenWeight, ...], options: Optio
     so no size limit applies. The rewrites run before the weights are frozen: with
     them as initializers, onnxscript's optimizer folded each linear layer's transposed
     weight into a new initializer (a copy of every such weight, BERT-base's 374 MB),
-    where ORT folds it into the product or packs it once."""
+    where ORT folds it into the product or packs it once. ``fuse``: the rewrite
+    (onnx_export.translate_group's; ``fuse_for_ort`` of ``model`` when None)."""
 
     def fused():
-        rewritten, fusions = onnx_export.fuse_for_ort(model, serializer=lambda m: m)
+        rewrite = fuse or (lambda serializer: onnx_export.fuse_for_ort(model, serializer=serializer))
+        rewritten, fusions = rewrite(serializer=lambda m: m)
         if rewritten is None:
             return None
         return external_data.serialize(frozen_model(rewritten, frozen, tensors)), fusions

@@ -133,7 +133,8 @@ class GraphCompiler:
     def _fuse_and_compile(self, gm, unsupported, prefix, weights, refused, freezable):
         steps = progress.PrepareProgress(self.options, prefix)
         try:
-            groups, modules = self._fuse_rounds(gm, unsupported, prefix, steps, weights, refused, freezable)
+            with self.groups.alike():  # a transformer's layers fall in many groups
+                groups, modules = self._fuse_rounds(gm, unsupported, prefix, steps, weights, refused, freezable)
         finally:
             steps.close()
         steps.log(groups, modules)

@@ -28,7 +28,7 @@ from ..runtime.compiled import Boundary, CompiledGroup, spec_key
 from ..runtime.dtypes import SUPPORTED_DTYPES
 from ..runtime.session import GroupSession, OutputSpec, optimizer_changes
 from ..runtime.session import stats as session_stats
-from ..translate import external_data, onnx_export
+from ..translate import external_data, onnx_export, repeated
 from . import disk_cache, freezing
 from .layout import dense_perm, inverse, is_symbolic, needs_restride, physical_graph, static_shape
 from .tuner import Tuner, synthetic_inputs
@@ -65,6 +65,24 @@ class GroupCompiler:
         self.options = options
         self.tuner = tuner
         self.cache = disk_cache.for_options(options)
+        #: Inside ``alike()``: the groups compiled so far, by structure and spec key.
+        self._twins: dict | None = None
+
+    @contextlib.contextmanager
+    def alike(self):
+        """Groups compiled inside (one graph's) share their translation, rewrites and
+        timed choices with an earlier group of the same structure and input spec: a
+        transformer's layers fall in many alike groups (cut by dropout, by
+        max_group_args), each timed once instead of once per layer."""
+        outer = self._twins
+        if outer is None:
+            self._twins = {}
+        try:
+            with onnx_export.shared_runs():
+                yield
+        finally:
+            if outer is None:
+                self._twins = None
 
     def unbuilt(self, name: str, gm: torch.fx.GraphModule, where: list[int] | None) -> CompiledGroup:
         """A group that is never translated (mode "pytorch" runs its FX graph)."""
@@ -99,13 +117,17 @@ class GroupCompiler:
         if cached is not None:
             self._save_onnx(name, cached.model_bytes)
             return cached
+        twin_key = None
+        if self._twins is not None:
+            twin_key = (repeated.structure(phys_gm.graph), key, tuple(w.index for w in frozen), str(device))
+        twin = self._twins.get(twin_key) if twin_key is not None else None
         with _timed(times, "translate"):
-            model = onnx_export.group_to_onnx(phys_gm, name)
+            model, fuse = onnx_export.translate_group(phys_gm, name)
             plain = onnx_export.serialize(model)
         if frozen:
-            candidates = freezing.candidates(model, frozen, self.options)
+            candidates = freezing.candidates(model, frozen, self.options, fuse=fuse)
         else:
-            candidates = ([lambda: _fused(model)] if self.options.ort_fusions else []) + [lambda: (plain, {})]
+            candidates = ([lambda: _fused(fuse)] if self.options.ort_fusions else []) + [lambda: (plain, {})]
         feeds = synthetic_inputs(metas, _real_feeds(real, b.in_perms))
         # What the session takes: the frozen weights are its initializers.
         frozen_idx = {w.index for w in frozen}
@@ -121,12 +143,16 @@ class GroupCompiler:
                 # The group's session with every thread also times that count: a group
                 # whose session is built once (and its frozen weights pre-packed once)
                 # unless one thread wins.
+                first_threads = twin.threads if twin is not None else self._max_threads()
                 with _timed(times, "session"):
-                    sess = GroupSession(model_bytes, device, b.outputs, self.options, name, self._max_threads(),
+                    sess = GroupSession(model_bytes, device, b.outputs, self.options, name, first_threads,
                                         tf32=tf32, count=False)
                 with _timed(times, "timing"):
-                    threads, thread_times = self._choose_threads(model_bytes, device, ort_feeds, b.dynamic, sess)
-                if threads != self._max_threads():
+                    threads, thread_times = (
+                        (twin.threads, twin.thread_times) if twin is not None and twin.fused == fused
+                        else self._choose_threads(model_bytes, device, ort_feeds, b.dynamic, sess)
+                    )
+                if threads != first_threads:
                     del sess
                     with _timed(times, "session"):
                         sess = GroupSession(model_bytes, device, b.outputs, self.options, name, threads, tf32=tf32)
@@ -138,7 +164,9 @@ class GroupCompiler:
                     raise
                 logger.info("lort: %s: ORT refused the fused model (%s); using the plain one", name, e)
         executor, executor_times = Placement.ORT, {}
-        if self.options.executor == "auto" and self.options.mode == "ort" and feeds is not None:
+        if twin is not None and twin.fused == fused:
+            executor, executor_times = twin.executor, twin.executor_times
+        elif self.options.executor == "auto" and self.options.mode == "ort" and feeds is not None:
             with _timed(times, "timing"):
                 executor, executor_times = self._choose_executor(
                     name, gm, b, sess, feeds, ort_feeds, model_bytes, threads, thread_times
@@ -161,6 +189,8 @@ class GroupCompiler:
         )
         if not frozen:
             self._save_onnx(name, compiled.model_bytes)
+        if twin_key is not None and twin is None:
+            self._twins[twin_key] = compiled
         if cache:
             cache.store(cache_key, compiled.model_bytes, choices(compiled))
         return compiled
@@ -325,8 +355,8 @@ def _timed(times: dict, step: str):
         times[step] = times.get(step, 0.0) + time.perf_counter() - start
 
 
-def _fused(model) -> tuple[bytes, dict] | None:
-    fused, fusions = onnx_export.fuse_for_ort(model)
+def _fused(fuse) -> tuple[bytes, dict] | None:
+    fused, fusions = fuse()
     return None if fused is None else (fused, fusions)
 
 

@@ -245,6 +245,15 @@ def _guard_fused_matmul_batch_rules() -> None:
         rule._condition_function = guarded
 
 
+def node_cloner(value_map: dict) -> Any:
+    """onnx_ir's cloner of nodes (private in onnx-ir 1.1): ``clone_node(node)`` copies a
+    node (its subgraphs too) reading its inputs through ``value_map`` (old value -> new
+    value), which it extends with the copy's outputs."""
+    from onnx_ir._cloner import Cloner
+
+    return Cloner(attr_map={}, value_map=value_map, metadata_props={})
+
+
 def translate_graph(fx_graph: torch.fx.Graph, name: str) -> ir.Model:
     """Translate an FX graph of ATen ops (placeholders, call_function, output) to ONNX IR.
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import contextlib
+import functools
 import logging
 import operator
 import threading
@@ -14,21 +17,137 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import TranslationError
-from . import _compat
+from . import _compat, repeated
 
 logger = logging.getLogger("lort")
 
 
 def group_to_onnx(gm: torch.fx.GraphModule, name: str) -> ir.Model:
     """The ONNX model of a group: inputs are the placeholders, outputs the output tuple."""
+    return translate_group(gm, name)[0]
+
+
+def translate_group(gm: torch.fx.GraphModule, name: str) -> tuple[ir.Model, object]:
+    """The group's ONNX model (inputs the placeholders, outputs the output tuple), and
+    its ``fuse(serializer=None)``: the model with onnxscript's ORT rewrites, as
+    ``fuse_for_ort`` gives it. A group that repeats a layer (translate/repeated.py) is
+    translated, and rewritten, once per distinct layer; inside ``shared_runs``, a group
+    of the structure of one translated before shares that one's model and rewrite."""
+    known = _store("groups")
+    key = repeated.structure(gm.graph) if _shared is not None else None
+    if key in known:
+        return known[key]
+    translated = _translate_group(gm, name)
+    if key is not None:
+        known[key] = translated
+    return translated
+
+
+def _translate_group(gm: torch.fx.GraphModule, name: str) -> tuple[ir.Model, object]:
     try:
-        _compat.insert_type_promotion(gm)
-        _compat.fill_default_arguments(gm)
-        model = off_compile_thread(_compat.translate_graph, gm.graph, name)
+        runs = repeated.split(gm)
+        if runs is None:
+            _prepare(gm)
+            model = off_compile_thread(_compat.translate_graph, gm.graph, name)
+            _name_io(model)
+            return model, _once(functools.partial(fuse_for_ort, model))
+        models = off_compile_thread(_translate_runs, runs, name)
+        model = off_compile_thread(_stitched, name, gm, runs, models)
     except Exception as e:
         raise TranslationError(f"could not translate group {name!r} to ONNX: {_root_cause(e)}") from e
+    return model, _once(functools.partial(_fuse_runs, name, gm, runs, models))
+
+
+def _prepare(gm: torch.fx.GraphModule) -> None:
+    """What translation needs of a graph first: explicit type promotion, default
+    arguments written out."""
+    _compat.insert_type_promotion(gm)
+    _compat.fill_default_arguments(gm)
+
+
+def _once(fuse):
+    """``fuse`` (``fuse_for_ort``'s contract) run once: its model is kept, serialized
+    anew by each call's ``serializer``. (No caller changes the model it gets.)"""
+    done = []
+
+    def fused(serializer=None):
+        if not done:
+            done.append(fuse(serializer=lambda m: m))
+        model, counts = done[0]
+        return (None, {}) if model is None else ((serializer or serialize)(model), dict(counts))
+
+    return fused
+
+
+#: Inside ``shared_runs``: each distinct run's translation (key -> model) and rewrite
+#: (key -> (model, fusions)), for every group translated there.
+_shared: dict[str, dict] | None = None
+_shared_depth = 0
+_shared_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def shared_runs():
+    """Groups translated inside share their runs' translations and rewrites: a
+    transformer's layers fall in several groups of one graph (max_group_args). What
+    they share is dropped at the end (the outermost ``with``)."""
+    global _shared, _shared_depth
+    with _shared_lock:
+        _shared_depth += 1
+        if _shared is None:
+            _shared = {"plain": {}, "fused": {}, "groups": {}}
+    try:
+        yield
+    finally:
+        with _shared_lock:
+            _shared_depth -= 1
+            if _shared_depth == 0:
+                _shared = None
+
+
+def _store(kind: str) -> dict:
+    shared = _shared
+    return shared[kind] if shared is not None else {}
+
+
+def _translate_runs(runs: list, name: str) -> dict[str, ir.Model]:
+    """One model per distinct run, keyed by structure."""
+    models, known, new = {}, _store("plain"), 0
+    for run in runs:
+        if run.key not in models:
+            model = known.get(run.key)
+            if model is None:
+                _prepare(run.gm)
+                model = _compat.translate_graph(run.gm.graph, f"{name}_run{len(models)}")
+                _name_io(model)
+                known[run.key] = model
+                new += 1
+            models[run.key] = model
+    logger.debug("lort: %s: %d runs of its layers, %d distinct, %d translated here", name, len(runs), len(models), new)
+    return models
+
+
+def _stitched(name: str, gm: torch.fx.GraphModule, runs: list, models: dict[str, ir.Model]) -> ir.Model:
+    model = repeated.stitch(name, gm, runs, [models[r.key] for r in runs])
     _name_io(model)
+    repeated.fix_names(model)
     return model
+
+
+def _fuse_runs(name: str, gm: torch.fx.GraphModule, runs: list, models: dict[str, ir.Model], serializer=None):
+    """``fuse`` of a group translated run-wise: each distinct run rewritten once (one
+    whose rewrite fails stays plain), the rewritten runs stitched."""
+    fused, counts, known = {}, collections.Counter(), _store("fused")
+    copies = collections.Counter(r.key for r in runs)
+    for key, model in models.items():
+        if key not in known:
+            rewritten, fired = fuse_for_ort(model, serializer=lambda m: m)
+            known[key] = (model if rewritten is None else rewritten, fired)
+        fused[key], fired = known[key]
+        for op, n in fired.items():
+            counts[op] += n * copies[key]
+    model = off_compile_thread(_stitched, name, gm, runs, fused)
+    return (serializer or serialize)(model), dict(counts)
 
 
 _WORKER_NAME = "lort-translate"
