@@ -134,3 +134,57 @@ def test_no_block_is_repeated():
         DUPLICATE_LINES,
         "\n".join(f"{a}:{b} also at {', '.join(f'{f}:{n}' for f, n in v)}" for (a, b), v in repeats.items()),
     )
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in SOURCES}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for t in _lort_imports(path):
+            while t not in modules and "." in t:  # "from .x import name": the module x
+                t = t.rpartition(".")[0]
+            if t in modules and t != name:
+                targets.add(t)
+        graph[name] = targets
+    return graph
+
+
+def test_no_import_circle():
+    """No module imports, through any chain of lort imports (lazy ones included), a
+    module that imports it back: each folder reads top-down."""
+    graph = _import_graph()
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_no_module_imports_the_package_root():
+    """``lort`` (the package root) is what users import; modules inside it import the
+    module that holds what they need."""
+    wrong = [_module_name(p) for p in SOURCES if _module_name(p) != "lort" and "lort" in _lort_imports(p)]
+    assert not wrong, wrong

@@ -2,6 +2,7 @@
 
 import copy
 import importlib.metadata
+import logging
 import warnings
 
 import pytest
@@ -76,8 +77,22 @@ def test_torch_compile_mode_sets_lorts_run_mode_or_is_a_clear_error():
     torch.testing.assert_close(out, f(x, w), rtol=1e-5, atol=1e-6)
     assert backend_calls == ["debug"]
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="mode='max-autotune'.*inductor's"):
-        torch.compile(f, backend="lort", mode="max-autotune")(x, w)
+    with pytest.raises(Exception, match="mode='fastest': not a mode lort knows.*'max-autotune'"):
+        torch.compile(f, backend="lort", mode="fastest")(x, w)
+
+
+def test_torch_compiles_own_modes_are_accepted_and_ignored(caplog, monkeypatch):
+    x, w = inputs()
+    monkeypatch.setattr(lort.backend, "_ignored_modes", set())
+    runs = lort.stats.ort_runs
+    with caplog.at_level(logging.INFO, logger="lort"):
+        for mode in ("max-autotune", "reduce-overhead", "max-autotune"):
+            torch._dynamo.reset()
+            out = torch.compile(f, backend="lort", mode=mode)(x, w)
+            torch.testing.assert_close(out, f(x, w), rtol=1e-5, atol=1e-6)
+    assert lort.stats.ort_runs > runs
+    said = [r.getMessage() for r in caplog.records if "means nothing to lort" in r.getMessage()]
+    assert len(said) == 2 and "'max-autotune'" in said[0] and "'reduce-overhead'" in said[1], said
 
 
 def test_unknown_provider_is_a_clear_error():

@@ -74,9 +74,9 @@ def test_table_from_op_names_equals_table_from_registry():
     """A warm start builds the decomposition table from the op names the disk cache
     kept; it must be the table torch_lib's registry gives."""
     from lort.fusion import known_wrong, support
-    from lort.translate import _compat
+    from lort.translate import _compat, registry
 
-    reg = _compat.registry()
+    reg = registry.registry()
     always_wrong = known_wrong.always_wrong()
     implemented = set(_compat._ex_decomp.get_onnx_implemented_overloads(reg)) - always_wrong
     direct = _compat._ex_decomp.create_onnx_friendly_decomposition_table(implemented)

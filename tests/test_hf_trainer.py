@@ -129,10 +129,15 @@ def test_trainer_refuses_the_name_lort_so_onnxrt_is_the_one_to_use(tmp_path):
     assert accelerate.utils.DynamoBackend("ONNXRT").value.lower() == "onnxrt"
 
 
-def test_onnxrt_refuses_inductor_modes():
+def test_onnxrt_takes_modes_as_lort_does():
     model = torch.nn.Linear(3, 2)
-    with pytest.raises(Exception, match="'onnxrt' is served by lort, which has no torch.compile modes"):
-        torch.compile(model, backend="onnxrt", mode="max-autotune")(torch.randn(2, 3))
+    x = torch.randn(2, 3)
+    runs = lort.stats.ort_runs
+    torch.testing.assert_close(torch.compile(model, backend="onnxrt", mode="max-autotune")(x), model(x))
+    assert lort.stats.ort_runs > runs
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="backend='onnxrt', mode='turbo': not a mode lort knows"):
+        torch.compile(model, backend="onnxrt", mode="turbo")(x)
 
 
 def test_trainer_torch_compile_onnxrt_12_steps_matches_eager(tmp_path, monkeypatch, caplog, eager_runs):

@@ -20,7 +20,7 @@ from .compile import disk_cache, lifetime
 from .compile.graph_compiler import GraphCompiler, captured_seconds
 from .compile.graph_executor import ChooseOnFirstCall
 from .compile.tuner import Tuner
-from .diagnostics.report import GraphRecord
+from .diagnostics.records import GraphRecord
 from .fusion import support
 from .options import RUN_MODES, Options
 from .runtime import providers
@@ -188,16 +188,39 @@ def _aligned(weights: dict[int, str], real: list, fake: list) -> dict[int, tuple
 
 def lort_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Any = None, mode: str | None = None) -> Callable:
     """Entry point of ``torch.compile(model, backend="lort", options={...})``;
-    ``torch.compile(..., mode="debug")`` (or "ort", "pytorch") sets lort's run mode."""
-    if mode is not None:
-        if mode not in RUN_MODES:
-            raise ValueError(
-                f"torch.compile(backend='lort', mode={mode!r}): lort's modes are {RUN_MODES} "
-                "(its run modes, Options.mode); modes such as 'max-autotune' or 'reduce-overhead' are inductor's. "
-                "Other settings go in options={...} (lort.Options)"
+    ``torch.compile(..., mode="debug")`` (or "ort", "pytorch") sets lort's run mode, and
+    torch.compile's own modes (inductor's: "default", "reduce-overhead", "max-autotune",
+    ...) are accepted and mean nothing here (one INFO line)."""
+    return LortBackend(options_for_mode(mode, options, "lort"))(gm, example_inputs)
+
+
+#: The modes torch.compile documents: inductor's, which users pass by habit.
+TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_ignored_modes: set[str] = set()
+
+
+def options_for_mode(mode: str | None, options: Any, backend: str) -> Any:
+    """lort's options for ``torch.compile(backend=backend, mode=mode)``: a run mode of
+    lort's sets Options.mode; a mode of torch.compile's own is ignored, said once per
+    mode at INFO; anything else is a clear error. (torch.compile passes either a mode
+    or options, never both.)"""
+    if mode is None:
+        return options
+    if mode in RUN_MODES:
+        return {"mode": mode}
+    if mode in TORCH_COMPILE_MODES:
+        if mode not in _ignored_modes:
+            _ignored_modes.add(mode)
+            logger.info(
+                "lort: torch.compile(backend=%r, mode=%r): that mode is inductor's and means nothing to lort; "
+                "ignored (lort's run modes: %s)", backend, mode, ", ".join(RUN_MODES),
             )
-        options = {"mode": mode}
-    return LortBackend(options)(gm, example_inputs)
+        return options
+    raise ValueError(
+        f"torch.compile(backend={backend!r}, mode={mode!r}): not a mode lort knows. lort's run modes are "
+        f"{RUN_MODES} (Options.mode); torch.compile's own modes {TORCH_COMPILE_MODES} are accepted and "
+        "ignored. Other settings go in options={...} (lort.Options)"
+    )
 
 
 setattr(lort_backend, autograd_function.BACKEND_MARKER, True)

@@ -20,9 +20,8 @@ from typing import Any, Callable
 
 import torch
 
-from .backend import lort_backend
+from .backend import lort_backend, options_for_mode
 from .capture.autograd_function import BACKEND_MARKER
-from .options import ENV_RUN_TYPE
 
 logger = logging.getLogger("lort")
 
@@ -36,17 +35,10 @@ def onnxrt_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Any 
 
     ``options`` are lort's (a dict or ``lort.Options``); with none, lort's options come
     from the ``LORT_*`` environment variables, which is how options reach lort from
-    Trainer and accelerate. torch.compile's ``mode`` (inductor's modes) has no meaning
-    here and is refused, naming what to use instead.
+    Trainer and accelerate. ``mode`` is taken as ``backend="lort"`` takes it: lort's run
+    modes, or torch.compile's own (inductor's, accepted and ignored).
     """
-    if mode is not None:
-        raise ValueError(
-            f"torch.compile(backend='onnxrt', mode={mode!r}): 'onnxrt' is served by lort, which has "
-            f"no torch.compile modes (they are inductor's). Leave the mode unset "
-            f"(TrainingArguments.torch_compile_mode, accelerate's dynamo mode); lort's run mode "
-            f"(ort, pytorch, debug) is set by the environment variable {ENV_RUN_TYPE} or "
-            f"options={{'mode': ...}}"
-        )
+    options = options_for_mode(mode, options, "onnxrt")
     _announce()
     return lort_backend(gm, example_inputs, options)
 

@@ -20,14 +20,14 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from ..capture import attention, symbolic_sizes
 from ..diagnostics import progress
-from ..diagnostics.report import GraphRecord
+from ..diagnostics.records import GraphRecord
 from ..errors import LortError, SessionCreationError, TranslationError
 from ..fusion import fuser, support
 from ..options import Options
 from ..reasons import Reason, ReasonKind
 from ..runtime.group import OrtGroup
 from ..runtime.session import give_back_memory
-from ..translate import onnx_export
+from ..translate import fx_graphs, onnx_export
 from . import disk_cache
 from .group_compiler import GroupCompiler
 from .tuner import Tuner
@@ -194,7 +194,7 @@ class GraphCompiler:
             if n.target is operator.getitem:
                 continue
             try:
-                probe.compile(f"{grp.name}_probe", onnx_export.single_node_graph(n), None)
+                probe.compile(f"{grp.name}_probe", fx_graphs.single_node_graph(n), None)
             except (TranslationError, SessionCreationError) as e:
                 reason = support.translation_failed(e)
                 self._fail_node(n, reason)

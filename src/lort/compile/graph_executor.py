@@ -9,7 +9,7 @@ import logging
 import time
 from typing import Callable
 
-from ..diagnostics.report import GraphRecord
+from ..diagnostics.records import GraphRecord
 from ..reasons import Placement
 from .tuner import Tuner
 

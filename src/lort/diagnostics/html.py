@@ -18,7 +18,7 @@ from ..reasons import Placement
 from . import html_graph, html_svg
 from .html_graph import DrawnGraph, Unit, short_op
 from .html_svg import fmt_time
-from .report import ExplainReport, GraphRecord, ort_optimizer_text
+from .records import GraphRecord, ort_optimizer_text
 
 LAYOUTS = ("auto", "dot", "networkx")
 
@@ -67,7 +67,7 @@ code { font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace; font-si
 """
 
 
-def render(report: ExplainReport, layout: str = "auto") -> str:
+def render(report, layout: str = "auto") -> str:
     """The page for ``report`` as a string (see ``ExplainReport.save_html``)."""
     if layout not in LAYOUTS:
         raise ValueError(f"lort: save_html(layout={layout!r}): layout must be one of {', '.join(LAYOUTS)}")
@@ -106,7 +106,7 @@ def render(report: ExplainReport, layout: str = "auto") -> str:
     return "\n".join(head + sections + ["</main></body></html>", ""])
 
 
-def write(report: ExplainReport, path: str | os.PathLike, layout: str = "auto") -> str:
+def write(report, path: str | os.PathLike, layout: str = "auto") -> str:
     page = render(report, layout)
     with open(path, "w", encoding="utf-8") as f:
         f.write(page)

@@ -12,7 +12,7 @@ import torch
 import torch.fx
 
 from ..reasons import Placement
-from .report import GraphRecord, GroupInfo, is_aten_node
+from .records import GraphRecord, GroupInfo, is_aten_node
 
 #: Above this many PyTorch units, connected PyTorch nodes are drawn as one unit.
 MAX_TORCH_UNITS = 150

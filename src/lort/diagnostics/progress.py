@@ -21,7 +21,7 @@ import time
 import torch.fx
 
 from ..reasons import Placement
-from .report import is_aten_node
+from .records import is_aten_node
 
 logger = logging.getLogger("lort")
 

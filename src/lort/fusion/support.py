@@ -21,7 +21,7 @@ import torch.fx
 from ..reasons import Reason, ReasonKind
 from ..runtime import providers
 from ..runtime.dtypes import CUDA_ONLY_DTYPES, SUPPORTED_DTYPES, TABLE
-from ..translate import _compat
+from ..translate import _compat, registry
 from . import known_wrong
 
 #: Ops that need no translation and are handled by the fuser: tuple indexing.
@@ -249,7 +249,7 @@ def unsupported_reason(node: torch.fx.Node) -> Reason | None:
     wrong = known_wrong.reason(node)
     if wrong:
         return Reason(ReasonKind.KNOWN_WRONG, wrong)
-    fn, message = _compat.dispatch(node)
+    fn, message = registry.dispatch(node)
     if fn is None:
         return Reason(ReasonKind.NO_TRANSLATION, message)
     return None
@@ -283,7 +283,7 @@ def implemented_overload_names(store=None) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=1)
 def _implemented_overload_names() -> tuple[str, ...]:
-    return tuple(sorted(op.name() for op in _compat.implemented_overloads() - known_wrong.always_wrong()))
+    return tuple(sorted(op.name() for op in registry.implemented_overloads() - known_wrong.always_wrong()))
 
 
 class SupportChecker:

@@ -336,7 +336,7 @@ def _check_sample(sample: _Sample, k, with_grad: bool, result: Result, options, 
     """One sample through eager (twice; ``eager_fn`` in place of the op where given) and
     lort: None when lort matched eager, else (status, detail). ``k`` names the sample
     (and seeds it)."""
-    import lort
+    from ..backend import LortBackend
 
     dtype, fn = DTYPES[result.dtype], sample.fn()
     seed = k if isinstance(k, int) else 99
@@ -350,7 +350,7 @@ def _check_sample(sample: _Sample, k, with_grad: bool, result: Result, options, 
         _compare("grad", again_grads, exp_grads, dtype)
     except _Mismatch:
         return "n/a", "nondeterministic (two eager runs differ)"
-    backend = lort.LortBackend({**BACKEND_OPTIONS, **(options or {})})
+    backend = LortBackend({**BACKEND_OPTIONS, **(options or {})})
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=backend, fullgraph=False)
     try:

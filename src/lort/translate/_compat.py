@@ -74,32 +74,24 @@ def check_versions() -> None:
             )
 
 
-@functools.lru_cache(maxsize=1)
-def registry() -> Any:
-    """torch_lib's ATen -> ONNX registry (built once; it takes about a second)."""
+def torchlib_registry() -> Any:
+    """A new registry of torch_lib's ATen -> ONNX functions (about a second to build;
+    translate/registry.py keeps one, with lort's own translations added)."""
     check_versions()
-    from . import complex_ops, exact_scalars, polynomials
-
-    reg = _ex_registration.ONNXRegistry.from_torchlib(OPSET)
-    exact_scalars.register(reg)
-    polynomials.register(reg)
-    complex_ops.register(reg)
-    return reg
+    return _ex_registration.ONNXRegistry.from_torchlib(OPSET)
 
 
-def dispatch(node: torch.fx.Node) -> tuple[Callable | None, str]:
-    """The torch_lib function that translates ``node``, or None and torch_lib's reason.
+def dispatch(node: torch.fx.Node, reg: Any) -> tuple[Callable | None, str]:
+    """The function of ``reg`` that translates ``node``, or None and torch_lib's reason.
     (Whether that translation is right is lort.fusion.support's question.)"""
-    reg = registry()
     if not reg.is_registered(node.target):
         return None, "no torch_lib translation registered"
     return _ex_dispatching.dispatch(node, reg)
 
 
-def implemented_overloads() -> set:
-    """The ATen overloads torch_lib has translations for. Building them needs torch_lib's
-    whole registry (seconds)."""
-    return {op for op in _ex_decomp.get_onnx_implemented_overloads(registry()) if isinstance(op, torch._ops.OpOverload)}
+def implemented_overloads(reg: Any) -> set:
+    """The ATen overloads ``reg`` has translations for."""
+    return {op for op in _ex_decomp.get_onnx_implemented_overloads(reg) if isinstance(op, torch._ops.OpOverload)}
 
 
 def _overload(name: str) -> torch._ops.OpOverload:
@@ -254,10 +246,10 @@ def node_cloner(value_map: dict) -> Any:
     return Cloner(attr_map={}, value_map=value_map, metadata_props={})
 
 
-def translate_graph(fx_graph: torch.fx.Graph, name: str) -> ir.Model:
+def translate_graph(fx_graph: torch.fx.Graph, name: str, reg: Any) -> ir.Model:
     """Translate an FX graph of ATen ops (placeholders, call_function, output) to ONNX IR.
 
-    Placeholders become graph inputs in order; the output node's values become graph
+    ``reg``: the registry of translations (translate/registry.py). Placeholders become graph inputs in order; the output node's values become graph
     outputs in order. Shapes and dtypes come from each node's ``meta["val"]``.
     """
     check_versions()
@@ -279,7 +271,7 @@ def translate_graph(fx_graph: torch.fx.Graph, name: str) -> ir.Model:
             graph_like=model.graph,
             owned_graphs={},
             lower="at_conversion",
-            registry=registry(),
+            registry=reg,
         )
     finally:
         core_logger.setLevel(level)

@@ -18,7 +18,8 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
-from . import complex_ops
+from . import _compat, complex_ops
+from .fx_graphs import single_node_graph
 
 aten = torch.ops.aten
 
@@ -83,8 +84,6 @@ def float64_scalar_reason(node: torch.fx.Node) -> str | None:
     cannot hold that the translation would still make a float32 constant or attribute
     (mul.Tensor(x, 3.14) and leaky_relu(x, 0.1) on float64 were off by float32 rounding,
     1.8e-7 absolute). Scalars the type-promotion pass makes scalar_tensor nodes are exact."""
-    from . import _compat, onnx_export
-
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or target is aten.scalar_tensor.default:
         return None
@@ -94,7 +93,7 @@ def float64_scalar_reason(node: torch.fx.Node) -> str | None:
     if rounded is None:
         return None
     try:
-        gm = onnx_export.single_node_graph(node)
+        gm = single_node_graph(node)
         _compat.insert_type_promotion(gm)
         left = [
             _rounded_float(n)

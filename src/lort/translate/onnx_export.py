@@ -7,7 +7,6 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
-import operator
 import threading
 
 import onnx
@@ -18,6 +17,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import TranslationError
 from . import _compat, repeated
+from .registry import registry
 
 logger = logging.getLogger("lort")
 
@@ -48,7 +48,7 @@ def _translate_group(gm: torch.fx.GraphModule, name: str) -> tuple[ir.Model, obj
         runs = repeated.split(gm)
         if runs is None:
             _prepare(gm)
-            model = off_compile_thread(_compat.translate_graph, gm.graph, name)
+            model = off_compile_thread(_compat.translate_graph, gm.graph, name, registry())
             _name_io(model)
             return model, _once(functools.partial(fuse_for_ort, model))
         models = off_compile_thread(_translate_runs, runs, name)
@@ -118,7 +118,7 @@ def _translate_runs(runs: list, name: str) -> dict[str, ir.Model]:
             model = known.get(run.key)
             if model is None:
                 _prepare(run.gm)
-                model = _compat.translate_graph(run.gm.graph, f"{name}_run{len(models)}")
+                model = _compat.translate_graph(run.gm.graph, f"{name}_run{len(models)}", registry())
                 _name_io(model)
                 known[run.key] = model
                 new += 1
@@ -237,29 +237,6 @@ def _root_cause(e: BaseException) -> str:
         parts.append(f"{type(cur).__name__}: {msg[0][:300] if msg else ''}")
         cur = cur.__cause__
     return " <- ".join(parts)
-
-
-def single_node_graph(node: torch.fx.Node) -> torch.fx.GraphModule:
-    """A graph that runs ``node`` alone (its getitems too), to find which node of a
-    group fails to translate or to run in ORT."""
-    g = torch.fx.Graph()
-    env = {}
-    for i, a in enumerate(node.all_input_nodes):
-        ph = g.placeholder(f"in_{i}")
-        ph.meta = dict(a.meta)
-        env[a] = ph
-    copy = g.node_copy(node, lambda a: env[a])
-    val = node.meta.get("val")
-    if isinstance(val, (tuple, list)):
-        outs = []
-        for i in range(len(val)):
-            item = g.call_function(operator.getitem, (copy, i))
-            item.meta["val"] = val[i]
-            outs.append(item)
-        g.output(tuple(outs))
-    else:
-        g.output((copy,))
-    return torch.fx.GraphModule(torch.nn.Module(), g)
 
 
 def freeze_inputs(model: ir.Model, arrays: dict[int, object]) -> ir.Model:
