@@ -26,6 +26,7 @@ Tolerances.
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 
 import pytest
@@ -480,12 +481,12 @@ def _fail_at_first_run(monkeypatch):
     """Translations of groups (not of the single-node probes) get a Range whose step is
     0 at run time, computed from an input: ORT builds the session and fails when it
     runs (a host-side check, no device-side assert)."""
-    real = onnx_export.group_to_onnx
+    real = onnx_export.translate_group
 
     def broken(gm, name):
-        model = real(gm, name)
+        model, fuse = real(gm, name)
         if name.endswith("_probe"):
-            return model
+            return model, fuse
         proto = ir.serde.serialize_model(model)
         graph = proto.graph
         src = next(i for i in graph.input if i.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16))
@@ -512,9 +513,10 @@ def _fail_at_first_run(monkeypatch):
             h.make_node("Mul", ["lort_test_sum", "lort_test_zero_out"], ["lort_test_nothing"]),
             h.make_node("Add", ["lort_test_orig", "lort_test_nothing"], [out.name]),
         ])
-        return ir.serde.deserialize_model(proto)
+        bad = ir.serde.deserialize_model(proto)
+        return bad, functools.partial(onnx_export.fuse_for_ort, bad)
 
-    monkeypatch.setattr(onnx_export, "group_to_onnx", broken)
+    monkeypatch.setattr(onnx_export, "translate_group", broken)
 
 
 def _cuda_inputs():

@@ -596,3 +596,28 @@ def test_bert_sequence_classification_fine_tuning_30_steps_matches_eager():
         reasons(om)[1],
     ), reasons(om)
     assert [r.kind for r in om.transition_manager.records] == ["forward", "backward", "forward", "backward"]
+
+
+class _Tagged(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x, tag="train", scale=1.0):
+        return self.lin(x) * scale if tag == "train" else self.lin(x)
+
+
+def test_string_inputs_are_said_once_per_capture(caplog):
+    """onnxruntime-training's ORTModule logs an INFO line for an input it keeps as a
+    constant (a str); lort says which, once per schema captured."""
+    torch.manual_seed(0)
+    model = _Tagged()
+    om = ORTModule(copy.deepcopy(model))
+    x = torch.randn(4, 3)
+    with caplog.at_level(logging.INFO, logger="lort"):
+        for tag in ("train", "train", "eval"):
+            torch.testing.assert_close(om(x, tag=tag), model(x, tag=tag))
+        om(x, "train", 2.0)
+    said = [r.getMessage() for r in caplog.records if "of type str/bytes are constants" in r.getMessage()]
+    assert len(said) == 3, said  # schemas: tag="train", tag="eval", the positional call
+    assert "tag='train'" in said[0] and "tag='eval'" in said[1]

@@ -55,10 +55,10 @@ def test_a_translation_failure_is_warned_again_when_read_from_the_disk_cache(tmp
 
     real = _compat.translate_graph
 
-    def broken(fx_graph, name):
+    def broken(fx_graph, name, reg):
         if any(n.target is torch.ops.aten.cos.default for n in fx_graph.nodes):
             raise RuntimeError("simulated failure")
-        return real(fx_graph, name)
+        return real(fx_graph, name, reg)
 
     monkeypatch.setattr(_compat, "translate_graph", broken)
     opts = {"executor": "ort", "disk_cache": True, "cache_dir": str(tmp_path)}

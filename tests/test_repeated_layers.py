@@ -35,10 +35,10 @@ def translated(monkeypatch):
     count = collections.Counter()
     translate = _compat.translate_graph
 
-    def counting(graph, name):
+    def counting(graph, name, reg):
         count["graphs"] += 1
         count["nodes"] += sum(1 for n in graph.nodes if n.op == "call_function")
-        return translate(graph, name)
+        return translate(graph, name, reg)
 
     monkeypatch.setattr(_compat, "translate_graph", counting)
     return count

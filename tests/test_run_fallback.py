@@ -61,7 +61,7 @@ def test_fused_matmul_batch_rule_keeps_ranks_ort_can_run():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def _broken_fusion(model: ir.Model):
+def _broken_fusion(model: ir.Model, in_place: bool = False, serializer=None):
     """A fused model ORT builds but cannot run: MatMul made a FusedMatMul with
     transBatchA=1 on inputs of rank 3 and 2 (what the unguarded rewrite produced)."""
     proto = ir.serde.serialize_model(model)
@@ -71,6 +71,8 @@ def _broken_fusion(model: ir.Model):
         n.op_type, n.domain = "FusedMatMul", "com.microsoft"
         n.attribute.append(helper.make_attribute("transBatchA", 1))
     proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    if serializer is not None:  # fuse_for_ort's contract: the model as the serializer gives it
+        return serializer(ir.serde.deserialize_model(proto)), {"broken_fusion": len(matmuls)}
     return proto.SerializeToString(), {"broken_fusion": len(matmuls)}
 
 

@@ -113,16 +113,25 @@ def opaque_constant(spec: tuple) -> type | None:
 
 def arg_paths(spec: tuple, arg_names: list[str]) -> list[str]:
     """The path of each tensor leaf of a ``flatten_call`` spec."""
-    paths: list[str] = []
-    _walk_paths(spec[1][0], "", paths, arg_names)
-    _walk_paths(spec[1][1], "", paths, None)
-    return paths
+    return [p for p, leaf in _leaves(spec, arg_names) if leaf[0] == "tensor"]
+
+
+def string_paths(spec: tuple, arg_names: list[str]) -> list[tuple[str, object]]:
+    """(path, value) of each str or bytes leaf of a ``flatten_call`` spec."""
+    return [(p, leaf[2]) for p, leaf in _leaves(spec, arg_names) if leaf[0] == "const" and leaf[1] in (str, bytes)]
+
+
+def _leaves(spec: tuple, arg_names: list[str]) -> list[tuple[str, tuple]]:
+    out: list = []
+    _walk_paths(spec[1][0], "", out, arg_names)
+    _walk_paths(spec[1][1], "", out, None)
+    return out
 
 
 def _walk_paths(spec, path, out, arg_names):
     kind = spec[0]
-    if kind == "tensor":
-        out.append(path)
+    if kind in ("tensor", "const"):
+        out.append((path, spec))
     elif kind in ("list", "tuple"):
         for i, c in enumerate(spec[1]):
             if arg_names is not None:

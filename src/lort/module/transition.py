@@ -318,6 +318,14 @@ class TransitionManager:
                         self.name, old.index, self.options.schema_cache_size)
         self.captures.append(Capture(index, reason))
         logger.info("lort.ORTModule(%s): capture of schema s%d (%s): %s", self.name, index, mode, reason)
+        strings = io.string_paths(key.spec, self._arg_names)
+        if strings:
+            logger.info(
+                "lort.ORTModule(%s): schema s%d: input(s) %s of type str/bytes are constants of the graph, which "
+                "reads no tensor from them (a call with another value captures again); consider moving constant "
+                "arguments to the module's constructor", self.name, index,
+                ", ".join(f"{p or 'input'}={v!r:.40}" for p, v in strings),
+            )
         return entry
 
     def _write_schema(self, directory: str, stem: str, key: SchemaKey) -> None:
