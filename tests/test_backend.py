@@ -714,3 +714,49 @@ def test_thread_timing_goes_on_only_while_one_thread_looks_faster(monkeypatch):
     threads, times = tuner.choose_threads(b"", torch.device("cpu"), lort.Options(), [], 2)
     assert threads == 1 and times == {2: 0.002, 1: 0.001}
     assert len(order) == 1 + 2 * 34  # rounds of 3 ms until 0.1 s of runs
+
+
+def _relu_to_sigmoid(proto):
+    for node in proto.graph.node:
+        if node.op_type == "Relu":
+            node.op_type = "Sigmoid"
+
+
+def test_pre_ort_model_transforms_change_what_ort_runs(caplog):
+    """DORT's option: each callable changes each group's ModelProto in place before its
+    session is built; what runs is the transformed model (here Relu made Sigmoid, so
+    ORT's result is sigmoid's), through torch.compile and ORTModule's direct inference."""
+    seen = []
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    want = torch.sigmoid(model[0](x))
+    opts = {"pre_ort_model_transforms": [lambda p: seen.append(p.graph.name), _relu_to_sigmoid],
+            "executor": "ort", "disk_cache": True}
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="lort", options=opts)(x), want)
+        assert seen
+        seen.clear()
+        om = lort.ORTModule(model, options=opts)
+        torch.testing.assert_close(om(x), want)
+        assert seen
+    with pytest.raises(ValueError, match="pre_ort_model_transforms=.*must be a list of callables"):
+        lort.Options(pre_ort_model_transforms=["not callable"])
+    assert lort.Options(pre_ort_model_transforms=[_relu_to_sigmoid]).pre_ort_model_transforms == (_relu_to_sigmoid,)
+
+
+def test_a_failing_transform_is_named_and_the_group_falls_back():
+    def broken(proto):
+        raise KeyError("no such node")
+
+    x, w = inputs()
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(f, backend="lort", options={"pre_ort_model_transforms": [broken]})(x, w)
+    torch.testing.assert_close(out, f(x, w))
+    said = " ".join(str(w.message) for w in caught)
+    assert "pre_ort_model_transforms[0]" in said and "broken" in said and "no such node" in said, said
+    with pytest.raises(Exception, match=r"pre_ort_model_transforms\[0\].*broken.*KeyError"):
+        torch._dynamo.reset()
+        torch.compile(f, backend="lort", options={"pre_ort_model_transforms": [broken], "fallback": "raise"})(x, w)

@@ -498,6 +498,48 @@ def test_save_onnx_names_forward_backward_and_inference(tmp_path):
     assert "attention_mask: torch.int64, rank 2" in schema
 
 
+def test_save_onnx_writes_onnxruntime_trainings_file_names(tmp_path, monkeypatch):
+    """The files ORTModule's users and tests look for, in ORTMODULE_SAVE_ONNX_PATH, each a
+    valid model (the execution models as ORT optimized them)."""
+    import onnx
+
+    monkeypatch.setenv("ORTMODULE_SAVE_ONNX_PATH", str(tmp_path))
+    torch.manual_seed(14)
+    om = ORTModule(Masked(), DebugOptions(save_onnx=True, onnx_prefix="clf"))
+    ids, mask, labels = _ids()
+    om(ids, mask, labels)["loss"].backward()
+    om.eval()
+    with torch.no_grad():
+        om(ids, mask)
+    names = [f"clf_{what}.onnx" for what in (
+        "torch_exported_training", "optimized_pre_grad_training", "optimized_training", "execution_model_training",
+        "torch_exported_inference", "optimized_inference", "execution_model_inference")]
+    files = {p.name for p in tmp_path.iterdir()}
+    assert set(names) <= files, sorted(files)
+    for name in names:
+        model = onnx.load(str(tmp_path / name))
+        onnx.checker.check_model(model)
+        assert model.graph.node and model.graph.input and model.graph.output, name
+    forward = onnx.load(str(tmp_path / "clf_optimized_pre_grad_training.onnx"))
+    both = onnx.load(str(tmp_path / "clf_optimized_training.onnx"))
+    assert len(both.graph.output) > len(forward.graph.output)  # the backward's groups beside the forward's
+
+
+def test_debug_options_errors_are_onnxruntime_trainings(tmp_path, monkeypatch):
+    (tmp_path / "a_file").write_text("")
+    unwritable = tmp_path / "a_file" / "onnx"  # under a file: no directory can be made there (even as root)
+    monkeypatch.setenv("ORTMODULE_SAVE_ONNX_PATH", str(unwritable))
+    with pytest.raises(OSError, match=f"Directory {re.escape(str(unwritable))} is not writable. Please set the "
+                                      "ORTMODULE_SAVE_ONNX_PATH environment variable to a writable path."):
+        DebugOptions(save_onnx=True, onnx_prefix="m")
+    monkeypatch.setenv("ORTMODULE_SAVE_ONNX_PATH", str(tmp_path))
+    with pytest.raises(TypeError, match="Expected name prefix of type str, got <class 'int'>."):
+        DebugOptions(save_onnx=True, onnx_prefix=3)
+    with pytest.raises(ValueError, match="onnx_prefix must be provided when save_onnx is set."):
+        DebugOptions(save_onnx=True, onnx_prefix="")
+    DebugOptions(save_onnx=False, onnx_prefix="")  # nothing to write: nothing checked
+
+
 def test_debug_options_log_level_sets_logger():
     ORTModule(nn.Linear(2, 2), DebugOptions(log_level=LogLevel.INFO))
     assert logging.getLogger("lort.module").level == logging.INFO
@@ -509,9 +551,9 @@ def test_debug_options_log_level_sets_logger():
 def test_bad_inputs_are_clear_errors():
     with pytest.raises(TypeError, match=r"unknown field\(s\) \['save_onxx'\]; valid fields are: log_level"):
         DebugOptions(save_onxx=True)
-    with pytest.raises(TypeError, match="log_level must be a lort.LogLevel"):
+    with pytest.raises(TypeError, match="Expected log_level of type LogLevel, got <class 'str'>"):
         DebugOptions(log_level="INFO")
-    with pytest.raises(ValueError, match="onnx_prefix must be given"):
+    with pytest.raises(ValueError, match="onnx_prefix must be provided when save_onnx is set."):
         DebugOptions(save_onnx=True)
     with pytest.raises(TypeError, match="wraps a torch.nn.Module, not function"):
         ORTModule(lambda x: x)

@@ -118,6 +118,11 @@ class Options:
     cache_max_mb: int = 1024
     #: A directory to write every translated group's ONNX model to, or None.
     save_onnx: str | None = None
+    #: Callables applied, in order, to each group's ONNX model (an ``onnx.ModelProto``,
+    #: changed in place) before ORT builds a session of it: DORT's option of this name.
+    #: Every session runs the transformed model (timing, runs, frozen weights). A
+    #: transform is code lort cannot hash, so with any the disk cache is not used.
+    pre_ort_model_transforms: tuple = ()
     #: Record, per group, how ORT's own optimizer changed the graph it runs (ops it added,
     #: such as FusedConv, and ops it removed, such as a BatchNormalization folded into a
     #: convolution). Builds each group's session a second time to read the optimized
@@ -198,6 +203,15 @@ class Options:
             raise ValueError(
                 f"lort option intra_op_num_threads={self.intra_op_num_threads!r} must be None or an int >= 1"
             )
+        transforms = self.pre_ort_model_transforms
+        if callable(transforms) or isinstance(transforms, (str, bytes)) or not all(
+            callable(t) for t in (transforms or ())
+        ):
+            raise ValueError(
+                f"lort option pre_ort_model_transforms={transforms!r} must be a list of callables, each taking "
+                "an onnx.ModelProto to change in place"
+            )
+        object.__setattr__(self, "pre_ort_model_transforms", tuple(transforms or ()))
         if self.providers is not None:
             if isinstance(self.providers, str) or not all(
                 isinstance(p, (str, tuple)) for p in self.providers

@@ -218,6 +218,8 @@ class DiskCache:
 
 
 def for_options(options: Options) -> DiskCache | None:
-    if not options.disk_cache:
+    """The disk cache of ``options``, or None: off, or models changed by
+    pre_ort_model_transforms (code the cache key cannot hold)."""
+    if not options.disk_cache or options.pre_ort_model_transforms:
         return None
     return DiskCache(options.cache_dir, options.cache_max_mb * 1024 * 1024)

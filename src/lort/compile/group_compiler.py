@@ -15,10 +15,12 @@ import logging
 import os
 import time
 
+import onnx
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from .. import ort_model
 from ..errors import SessionCreationError
 from ..numpy_views import numpy_view
 from ..options import Options
@@ -103,6 +105,8 @@ class GroupCompiler:
         times = {} if times is None else times
         b, phys_gm = boundary(gm)
         device = _device(gm)
+        if self.options.pre_ort_model_transforms:  # they change the model ORT runs, not its weights
+            refused = refused or "pre_ort_model_transforms are set (weights stay inputs, as in DORT)"
         frozen, kept = freezing.choose(weights, b, device, auto=self.options.freeze == "auto", refused=refused)
         # The ONNX model's inputs (physical layouts): sessions and ORT timing use these.
         metas = [n.meta.get("val") for n in phys_gm.graph.nodes if n.op == "placeholder"]
@@ -124,6 +128,8 @@ class GroupCompiler:
         with _timed(times, "translate"):
             model, fuse = onnx_export.translate_group(phys_gm, name)
             plain = onnx_export.serialize(model)
+        # What runs after the fused model fails (weights are never frozen with transforms).
+        plain_run = self._transformed(plain, name)
         if frozen:
             candidates = freezing.candidates(model, frozen, self.options, fuse=fuse)
         else:
@@ -139,6 +145,13 @@ class GroupCompiler:
                 continue
             model_bytes, fusions = made
             fused = i < len(candidates) - 1  # the plain model is the last candidate
+            try:
+                model_bytes = plain_run if model_bytes is plain else self._transformed(model_bytes, name)
+            except SessionCreationError as e:
+                if i == len(candidates) - 1:
+                    raise
+                logger.info("lort: %s: %s; using the plain model", name, e)
+                continue
             try:
                 # The group's session with every thread also times that count: a group
                 # whose session is built once (and its frozen weights pre-packed once)
@@ -177,7 +190,7 @@ class GroupCompiler:
             # What runs if the weights are unfrozen: the plain model, weights as inputs.
             model_bytes, plain_bytes = plain, None
         else:
-            plain_bytes = plain if model_bytes is not plain else None
+            plain_bytes = plain_run if fused else None
         compiled = CompiledGroup(
             **fields, model_bytes=model_bytes, plain_bytes=plain_bytes,
             fusions=fusions, fused=fused, threads=threads, thread_times=thread_times, executor=executor,
@@ -244,6 +257,24 @@ class GroupCompiler:
                 if i == len(models) - 1:
                     raise
         raise AssertionError("unreachable")
+
+    def _transformed(self, model, name: str):
+        """``model`` (bytes or an OnnxModel) after Options.pre_ort_model_transforms.
+        Raises SessionCreationError naming the transform that failed."""
+        transforms = self.options.pre_ort_model_transforms
+        if not transforms:
+            return model
+        proto = onnx.ModelProto.FromString(ort_model.model_bytes(model))
+        for i, transform in enumerate(transforms):
+            try:
+                transform(proto)
+            except Exception as e:  # noqa: BLE001 - the user's code: a clear error, then the fallback
+                what = getattr(transform, "__qualname__", repr(transform))
+                raise SessionCreationError(
+                    f"pre_ort_model_transforms[{i}] ({what}) raised on group {name}: {type(e).__name__}: {e}"
+                ) from e
+        data = proto.SerializeToString()
+        return dataclasses.replace(model, proto=data) if isinstance(model, ort_model.OnnxModel) else data
 
     def _ort_optimizer(self, model_bytes: bytes, device, threads: int, tf32: bool) -> dict[str, int]:
         """With Options.record_ort_graph: how ORT's optimizer changes the group's graph."""

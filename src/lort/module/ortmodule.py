@@ -61,17 +61,35 @@ class LogLevel(enum.IntEnum):
         ]
 
 
+_SAVE_PATH_ENV = "ORTMODULE_SAVE_ONNX_PATH"
+
+
+def _writable(path: str) -> bool:
+    """``path`` is a directory lort can write in, or one it can create."""
+    while not os.path.exists(path):
+        parent = os.path.dirname(os.path.abspath(path))
+        if parent == os.path.abspath(path):
+            return False
+        path = parent
+    return os.path.isdir(path) and os.access(path, os.W_OK)
+
+
 class DebugOptions:
     """ORTModule's debug options.
 
     log_level: a ``LogLevel``; sets the level of the ``lort.module`` logger (re-capture
     reasons are logged at INFO).
-    save_onnx: write every compiled group's ONNX model (forward, backward or inference)
-    to ``save_path`` (default: the current directory), named
+    save_onnx: write the ONNX models to ``save_path`` (default: the current directory):
+    under onnxruntime-training's names (``{onnx_prefix}_torch_exported_training.onnx``,
+    ``_optimized_pre_grad_training``, ``_optimized_{training,inference}``,
+    ``_execution_model_{training,inference}``; module/debug_files.py says what each
+    holds), and every compiled group's own,
     ``{onnx_prefix}_{train|eval}_s{schema}_g{n}_{forward|backward|inference}_{group}.onnx``,
     with ``{onnx_prefix}_{train|eval}_s{schema}_schema.txt`` describing the inputs.
     onnx_prefix: the file name prefix; required with ``save_onnx``.
-    save_path: the directory (env ``ORTMODULE_SAVE_ONNX_PATH`` as in onnxruntime).
+    save_path: the directory (env ``ORTMODULE_SAVE_ONNX_PATH`` as in onnxruntime); with
+    ``save_onnx`` it must be writable (or creatable), checked here as onnxruntime does.
+    Errors carry onnxruntime-training's messages.
     """
 
     _FIELDS = ("log_level", "save_onnx", "onnx_prefix", "save_path")
@@ -84,19 +102,28 @@ class DebugOptions:
             )
         if not isinstance(log_level, LogLevel):
             raise TypeError(
-                f"DebugOptions log_level must be a lort.LogLevel (VERBOSE, INFO, WARNING, ERROR, FATAL), "
-                f"not {type(log_level).__name__} {log_level!r}"
+                f"Expected log_level of type LogLevel, got {type(log_level)}. (DebugOptions log_level must be a "
+                f"lort.LogLevel: VERBOSE, INFO, WARNING, ERROR, FATAL)"
             )
         if not isinstance(save_onnx, bool):
             raise TypeError(f"DebugOptions save_onnx must be a bool, not {type(save_onnx).__name__}")
-        if not isinstance(onnx_prefix, str) or not isinstance(save_path, str):
-            raise TypeError("DebugOptions onnx_prefix and save_path must be strings")
-        if save_onnx and not onnx_prefix:
-            raise ValueError("DebugOptions: onnx_prefix must be given when save_onnx=True")
+        if not isinstance(save_path, str):
+            raise TypeError(f"DebugOptions save_path must be a string, not {type(save_path).__name__}")
+        path = save_path or os.environ.get(_SAVE_PATH_ENV, "") or os.getcwd()
+        if save_onnx:
+            if not _writable(path):
+                raise OSError(f"Directory {path} is not writable. Please set the {_SAVE_PATH_ENV} environment "
+                              "variable to a writable path.")
+            if not isinstance(onnx_prefix, str):
+                raise TypeError(f"Expected name prefix of type str, got {type(onnx_prefix)}.")
+            if not onnx_prefix:
+                raise ValueError("onnx_prefix must be provided when save_onnx is set.")
+        elif not isinstance(onnx_prefix, str):
+            raise TypeError(f"Expected name prefix of type str, got {type(onnx_prefix)}.")
         self.log_level = log_level
         self.save_onnx = save_onnx
         self.onnx_prefix = onnx_prefix
-        self.save_path = save_path or os.environ.get("ORTMODULE_SAVE_ONNX_PATH", "") or os.getcwd()
+        self.save_path = path
 
     def __repr__(self) -> str:
         return (f"DebugOptions(log_level=LogLevel.{self.log_level.name}, save_onnx={self.save_onnx}, "

@@ -41,7 +41,7 @@ from ..backend import LortBackend
 from ..compile import lifetime
 from ..errors import CaptureError, LortError
 from ..options import Options
-from . import direct, io
+from . import debug_files, direct, io
 from .state import ModuleState
 
 logger = logging.getLogger("lort.module")
@@ -92,30 +92,6 @@ class Entry:
         if self.backend is None:
             return 0
         return sum(1 for r in self.backend.records if r.kind != "backward")
-
-
-class _ModuleBackend(LortBackend):
-    """LortBackend that writes each group's ONNX model under the user's prefix, named by
-    train/eval, schema entry and graph kind (``bert_train_s1_g1_forward_0.onnx``)."""
-
-    def __init__(self, options: Options, save: tuple[str, str] | None):
-        super().__init__(options)
-        self._save = save
-
-    def compile_graph(self, gm, example_inputs, kind, captured_s=None, weights=None):
-        fn, record = super().compile_graph(gm, example_inputs, kind, captured_s, weights)
-        if self._save is not None:
-            directory, stem = self._save
-            os.makedirs(directory, exist_ok=True)
-            for name, mod in record.group_modules.items():
-                data = mod.model_bytes
-                if data is None:
-                    continue
-                path = os.path.join(directory, f"{stem}_{name}.onnx")
-                with open(path, "wb") as f:
-                    f.write(data)
-                logger.info("lort.ORTModule: wrote %s", path)
-        return fn, record
 
 
 def _make_flat_fn(module: torch.nn.Module, spec: tuple, tag: str) -> Callable:
@@ -299,9 +275,9 @@ class TransitionManager:
         save = None
         if self._save_onnx is not None:
             directory, prefix = self._save_onnx
-            save = (directory, f"{prefix}_{mode}_s{index}")
+            save = (directory, f"{prefix}_{mode}_s{index}", prefix)
             self._write_schema(directory, save[1], key)
-        backend = _ModuleBackend(self.options, save)
+        backend = debug_files.ModuleBackend(self.options, save)
         raw = _make_flat_fn(self.module, key.spec, f"lort_ortmodule_s{index}")
         fn = torch.compile(raw, backend=backend, fullgraph=True, dynamic=None)
         entry = Entry(index, key, fn, backend)

@@ -349,6 +349,18 @@ def _ort_value(tensor: torch.Tensor, onnx_type: int) -> ort.OrtValue:
     return ort.OrtValue.from_dlpack(tensor)
 
 
+def save_optimized(model: OnnxModel | bytes, path: str, device: torch.device, options: Options,
+                   threads: int | None, tf32: bool = False) -> None:
+    """Write ORT's optimized graph of ``model`` (a session built as the group's would be)
+    to ``path``, initializers of 1 KiB or more to ``path + ".data"`` beside it."""
+    so = session_options(options, threads, quiet=True)
+    so.optimized_model_filepath = path
+    so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                os.path.basename(path) + ".data")
+    so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    create_session(model, device, options, "optimizer record", threads, count=False, tf32=tf32, so=so)
+
+
 def optimizer_changes(
     model: OnnxModel | bytes, device: torch.device, options: Options, threads: int | None, tf32: bool = False
 ) -> dict[str, int]:
@@ -360,13 +372,10 @@ def optimizer_changes(
     def ops(model: onnx.ModelProto) -> collections.Counter:
         return collections.Counter(f"{n.domain}:{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
 
-    so = session_options(options, threads, quiet=True)
     with tempfile.TemporaryDirectory(prefix="lort-ort-graph-") as tmp:
-        so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
-        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
-        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-        create_session(model, device, options, "optimizer record", threads, count=False, tf32=tf32, so=so)
-        after = ops(onnx.load(so.optimized_model_filepath, load_external_data=False))
+        path = os.path.join(tmp, "optimized.onnx")
+        save_optimized(model, path, device, options, threads, tf32)
+        after = ops(onnx.load(path, load_external_data=False))
     before = ops(onnx.load_from_string(_proto(model)))
     changes = {op: after[op] - before[op] for op in sorted(set(after) | set(before))}
     return {op: d for op, d in changes.items() if d}
