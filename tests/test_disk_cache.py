@@ -13,7 +13,7 @@ from lort.fusion import support
 from lort.compile import disk_cache
 from lort.compile.disk_cache import DiskCache
 from lort.testing.models import MLP
-from lort.translate import _compat, onnx_export
+from lort.translate import _compat, onnx_export, registry
 
 
 def run(cache_dir, **options):
@@ -48,9 +48,10 @@ def test_second_compile_reads_the_cache_and_skips_translation(tmp_path, monkeypa
 
     # A warm compile neither translates, nor checks support, nor builds torch_lib's
     # registry (seconds of a cold start).
-    monkeypatch.setattr(onnx_export, "group_to_onnx", refuse("translated"))
+    monkeypatch.setattr(onnx_export, "translate_group", refuse("translated"))
     monkeypatch.setattr(support, "unsupported_reason", refuse("checked support"))
-    monkeypatch.setattr(_compat, "registry", refuse("built the registry"))
+    monkeypatch.setattr(registry, "registry", refuse("built the registry"))
+    monkeypatch.setattr(_compat, "torchlib_registry", refuse("built the registry"))
     decompositions.table.cache_clear()
     warm, out_warm, grad_warm = run(tmp_path)
     mods = group_modules(warm)

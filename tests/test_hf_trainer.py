@@ -136,7 +136,7 @@ def test_onnxrt_takes_modes_as_lort_does():
     torch.testing.assert_close(torch.compile(model, backend="onnxrt", mode="max-autotune")(x), model(x))
     assert lort.stats.ort_runs > runs
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="backend='onnxrt', mode='turbo': not a mode lort knows"):
+    with pytest.raises(Exception, match=r"backend='onnxrt', mode='turbo'\): not a mode lort knows"):
         torch.compile(model, backend="onnxrt", mode="turbo")(x)
 
 

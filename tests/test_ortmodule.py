@@ -656,7 +656,7 @@ def test_string_inputs_are_said_once_per_capture(caplog):
     model = _Tagged()
     om = ORTModule(copy.deepcopy(model))
     x = torch.randn(4, 3)
-    with caplog.at_level(logging.INFO, logger="lort"):
+    with caplog.at_level(logging.INFO, logger="lort.module"):
         for tag in ("train", "train", "eval"):
             torch.testing.assert_close(om(x, tag=tag), model(x, tag=tag))
         om(x, "train", 2.0)
