@@ -154,10 +154,14 @@ print(json.dumps({"eager": statistics.median(times["eager"]), "backend": statist
 """
 
 
-def run_child(script: str, *args: str, timeout: int = 3600) -> dict:
+def run_child(script: str, *args: str, timeout: int = 3600, cache_dir: str | None = None) -> dict:
+    """``script``'s result (the JSON of its last line) in a fresh process, with lort's and
+    inductor's caches in ``cache_dir`` (kept: a second run there starts warm), else in
+    a new empty directory."""
     with tempfile.TemporaryDirectory(prefix="lort-scale-") as tmp:
-        env = dict(os.environ, LORT_CACHE_DIR=os.path.join(tmp, "lort"),
-                   TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"), LORT_PROGRESS="0")
+        where = cache_dir or tmp
+        env = dict(os.environ, LORT_CACHE_DIR=os.path.join(where, "lort"),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(where, "inductor"), LORT_PROGRESS="0")
         out = subprocess.run([sys.executable, "-c", script, HERE, *args], env=env, capture_output=True, text=True,
                              timeout=timeout)
     if out.returncode != 0:

@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 
+import lort
 from lort.compile import group_compiler
 from lort.translate import _compat, repeated
 from test_models import assert_close_to_reference
@@ -165,3 +166,34 @@ def test_dynamic_shapes_by_layer(splits, monkeypatch):
 def test_small_or_unlayered_groups_are_not_split():
     gm = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
     assert repeated.split(gm) is None
+
+
+def _fusions(model, x):
+    backend = lort.LortBackend({"disk_cache": False})
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend)(x).logits
+    fired = collections.Counter()
+    for r in backend.records:
+        for g in r.groups:
+            fired.update(g.fusions)
+    return out, fired
+
+
+def test_fusions_across_layer_cuts_fire_as_in_the_whole_group(monkeypatch):
+    """GPT-2 is pre-norm: a layer's last residual Add and the next layer's first norm
+    fall on either side of a cut, and ORT's own optimizer does not fuse them: the
+    stitched model gets onnxscript's skip-norm fusions (as many as the whole group's)."""
+    cfg = transformers.GPT2Config(n_layer=6, n_embd=32, n_head=2, vocab_size=100, n_positions=32)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    x = torch.randint(0, 100, (1, 12))
+    monkeypatch.setattr(repeated, "MIN_NODES", 10**9)
+    whole_out, whole = _fusions(model, x)
+    torch._dynamo.reset()
+    monkeypatch.setattr(repeated, "MIN_NODES", 50)
+    split_out, split = _fusions(model, x)
+    assert whole["skip_layer_normalization"] >= 6 and split == whole, (split, whole)
+    with torch.no_grad():
+        eager = model(x).logits
+        ref = copy.deepcopy(model).double()(x).logits
+    assert_close_to_reference(split_out, eager, ref, "6-layer GPT-2, stitched")

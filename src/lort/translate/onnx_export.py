@@ -147,7 +147,13 @@ def _fuse_runs(name: str, gm: torch.fx.GraphModule, runs: list, models: dict[str
         for op, n in fired.items():
             counts[op] += n * copies[key]
     model = off_compile_thread(_stitched, name, gm, runs, fused)
-    return (serializer or serialize)(model), dict(counts)
+    try:
+        for op, n in off_compile_thread(_compat.fuse_across_cuts, model).items():
+            counts[op] += n
+    except Exception as e:  # noqa: BLE001 - an optimization: the stitched model stands as it is
+        logger.info("lort: %s: fusions across its layers' cuts failed: %s", name, _root_cause(e))
+        model = off_compile_thread(_stitched, name, gm, runs, fused)
+    return (serializer or serialize)(model), {op: n for op, n in counts.items() if n}
 
 
 _WORKER_NAME = "lort-translate"
