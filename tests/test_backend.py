@@ -3,6 +3,7 @@
 import copy
 import importlib.metadata
 import logging
+import os
 import warnings
 
 import onnx_ir as ir
@@ -760,3 +761,35 @@ def test_a_failing_transform_is_named_and_the_group_falls_back():
     with pytest.raises(Exception, match=r"pre_ort_model_transforms\[0\].*broken.*KeyError"):
         torch._dynamo.reset()
         torch.compile(f, backend="lort", options={"pre_ort_model_transforms": [broken], "fallback": "raise"})(x, w)
+
+
+_QUIET_CHILD = r"""
+import logging, sys, torch
+from lort.testing.models import CASES, make_torchvision_importable
+make_torchvision_importable()
+if sys.argv[1] == "user-level":
+    logging.getLogger("onnx_ir").setLevel(logging.WARNING)  # the user asks for them
+model, args = CASES["llama"].make(1, seed=0)
+model.eval()
+with torch.no_grad():
+    torch.compile(model, backend="lort")(*args)
+"""
+
+
+@pytest.mark.parametrize("level", ["default", "user-level"])
+def test_dependencies_warnings_about_lorts_passes_do_not_reach_users(tmp_path, level):
+    """onnx-ir logged "Shape inference failed" with a traceback, and "Skipped
+    deduplication of initializer", on stderr while lort rewrote a Llama-style decoder's
+    groups; lort handles both. A level the user set on those loggers is kept."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, LORT_CACHE_DIR=str(tmp_path), LORT_PROGRESS="0", LORT_DISK_CACHE="0")
+    out = subprocess.run([sys.executable, "-c", _QUIET_CHILD, level], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    noisy = [line for line in out.stderr.splitlines() if "Shape inference failed" in line or "Skipped dedup" in line]
+    if level == "default":
+        assert not noisy and not out.stderr.strip(), out.stderr[-2000:]
+    else:
+        assert noisy, "with the user's level set, onnx-ir's warnings stay visible"

@@ -178,8 +178,32 @@ def off_compile_thread(fn, *args):
 
 
 def _without_fake_mode(fn, *args):
-    with unset_fake_temporarily():
+    with unset_fake_temporarily(), _quiet_dependencies():
         return fn(*args)
+
+
+#: Loggers of the libraries whose passes lort runs on its translation thread.
+_DEPENDENCY_LOGGERS = ("onnxscript", "onnx_ir")
+
+
+@contextlib.contextmanager
+def _quiet_dependencies():
+    """onnxscript's and onnx-ir's loggers at ERROR while lort runs their passes: they
+    log, at WARNING, what lort handles itself (a failed shape inference, with its
+    traceback, that leaves the model unchanged; a constant fold skipped; an initializer
+    not deduplicated), which reached users' terminals through Python's last-resort
+    handler. A level the user set on one of these loggers is kept."""
+    changed = []
+    for name in _DEPENDENCY_LOGGERS:
+        log = logging.getLogger(name)
+        if log.level == logging.NOTSET:
+            log.setLevel(logging.ERROR)
+            changed.append(log)
+    try:
+        yield
+    finally:
+        for log in changed:
+            log.setLevel(logging.NOTSET)
 
 
 def serialize(model: ir.Model) -> bytes:
