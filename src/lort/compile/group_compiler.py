@@ -311,6 +311,14 @@ class GroupCompiler:
         torch_time = self.tuner.time_pytorch(gm, feeds, list(b.in_perms), device)
         if ort_time is None or torch_time is None:
             return Placement.ORT, {}
+
+        def again():
+            return {"ort": self.tuner.time_group_session(sess, ort_feeds, device) if device.type == "cuda"
+                    else self.tuner.time_session(model_bytes, device, self.options, threads, ort_feeds),
+                    "pytorch": self.tuner.time_pytorch(gm, feeds, list(b.in_perms), device)}
+
+        both = self.tuner.timed_again_if_close({"ort": ort_time, "pytorch": torch_time}, again)
+        ort_time, torch_time = both["ort"], both["pytorch"]
         executor = self.tuner.choose_group_executor(ort_time, torch_time)
         if executor == Placement.PYTORCH:
             logger.info("lort: %s runs in PyTorch: %.0f us there vs %.0f us in ORT", name, torch_time * 1e6, ort_time * 1e6)

@@ -14,6 +14,17 @@ from ..reasons import Placement, Reason, ReasonKind
 from ..runtime.session import give_back_memory
 
 
+#: Two timings closer than this (relative) are a close call: the choice between them may
+#: differ from one process to the next (the tuner times such a pair again; explain says so).
+CLOSE_CALL = 0.05
+
+
+def close_call(times: dict) -> bool:
+    """Whether ``times`` (``{"ort": s, "pytorch": s}``) are within CLOSE_CALL of each other."""
+    ort, pytorch = times.get("ort"), times.get("pytorch")
+    return bool(ort and pytorch) and abs(pytorch / ort - 1.0) < CLOSE_CALL
+
+
 def is_aten_node(node: torch.fx.Node) -> bool:
     """An operator call counted in reports (tuple indexing is not an op)."""
     return node.op == "call_function" and node.target is not operator.getitem

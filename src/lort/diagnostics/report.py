@@ -8,7 +8,7 @@ import torch.fx
 
 from ..reasons import Placement, Reason
 from . import html
-from .records import GraphRecord, GroupInfo, ort_optimizer_text
+from .records import CLOSE_CALL, GraphRecord, GroupInfo, close_call, ort_optimizer_text
 
 
 class ExplainReport:
@@ -69,6 +69,8 @@ class ExplainReport:
                 t = r.executor_times
                 where = "eager PyTorch" if r.executor == Placement.PYTORCH else "lort"
                 line += f"  runs through {where} (timed {t['ort'] * 1e3:.3f} ms lort, {t['pytorch'] * 1e3:.3f} ms eager)"
+                if close_call(t):
+                    line += f" [close call: within {CLOSE_CALL:.0%}; another process may choose otherwise]"
             lines.append(line)
         if self.groups:
             lines += [
@@ -79,6 +81,10 @@ class ExplainReport:
                 threads = f"{g.threads}" + (f" ({times})" if times else "")
                 fusions = ", ".join(f"{k} x{v}" for k, v in g.fusions.items()) or "-"
                 where = "" if g.executor == Placement.ORT else "  [runs in PyTorch]"
+                if close_call(g.executor_times):
+                    t = g.executor_times
+                    where += (f"  [close call, ORT {t['ort'] * 1e6:.0f}us vs PyTorch {t['pytorch'] * 1e6:.0f}us: "
+                              "another process may choose otherwise]")
                 kept = "; ".join(f"{c} weight(s) kept as inputs: {why}" for why, c in g.kept_inputs.items())
                 lines.append(
                     f"{g.name:<28} {g.num_nodes:>6} {g.num_inputs:>7} {g.frozen:>7} {g.num_outputs:>8} {threads:>8}  "
