@@ -197,3 +197,38 @@ def test_fusions_across_layer_cuts_fire_as_in_the_whole_group(monkeypatch):
         eager = model(x).logits
         ref = copy.deepcopy(model).double()(x).logits
     assert_close_to_reference(split_out, eager, ref, "6-layer GPT-2, stitched")
+
+
+@pytest.mark.parametrize("fails", ["stitching the rewritten layers", "the fusions across cuts"])
+def test_a_failing_layer_wise_rewrite_leaves_the_plain_model(monkeypatch, fails):
+    """The rewrites are an optimization: where stitching the rewritten runs, or the
+    fusions across their cuts, raise, the group runs its plain (or un-crossed) model."""
+    from lort.translate import onnx_export
+
+    if fails == "stitching the rewritten layers":
+        stitched, calls = onnx_export._stitched, []
+
+        def second_fails(*args):
+            calls.append(1)
+            if len(calls) == 2:  # the first stitches the plain translations
+                raise RuntimeError("simulated stitching failure")
+            return stitched(*args)
+
+        monkeypatch.setattr(onnx_export, "_stitched", second_fails)
+    else:
+        def cross_fails(model):
+            raise RuntimeError("simulated fusion failure")
+
+        monkeypatch.setattr(_compat, "fuse_across_cuts", cross_fails)
+    monkeypatch.setattr(repeated, "MIN_NODES", 50)
+    model, x = _bert(layers=4)
+    backend = lort.LortBackend({"disk_cache": False})
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend)(x).last_hidden_state
+        eager = model(x).last_hidden_state
+        ref = copy.deepcopy(model).double()(x).last_hidden_state
+    assert_close_to_reference(out, eager, ref, f"4-layer BERT, {fails} failing")
+    groups = [g for r in backend.records for g in r.groups]
+    assert groups and backend.records[0].torch_nodes == 0
+    if fails == "stitching the rewritten layers":
+        assert all(g.fusions == {} for g in groups)

@@ -156,13 +156,15 @@ class GroupCompiler:
                 # The group's session with every thread also times that count: a group
                 # whose session is built once (and its frozen weights pre-packed once)
                 # unless one thread wins.
-                first_threads = twin.threads if twin is not None else self._max_threads()
+                # A twin's choices hold for the same model (fused or plain) only.
+                alike = twin is not None and twin.fused == fused
+                first_threads = twin.threads if alike else self._max_threads()
                 with _timed(times, "session"):
                     sess = GroupSession(model_bytes, device, b.outputs, self.options, name, first_threads,
                                         tf32=tf32, count=False)
                 with _timed(times, "timing"):
                     threads, thread_times = (
-                        (twin.threads, twin.thread_times) if twin is not None and twin.fused == fused
+                        (twin.threads, twin.thread_times) if alike
                         else self._choose_threads(model_bytes, device, ort_feeds, b.dynamic, sess)
                     )
                 if threads != first_threads:

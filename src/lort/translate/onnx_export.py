@@ -146,7 +146,11 @@ def _fuse_runs(name: str, gm: torch.fx.GraphModule, runs: list, models: dict[str
         fused[key], fired = known[key]
         for op, n in fired.items():
             counts[op] += n * copies[key]
-    model = off_compile_thread(_stitched, name, gm, runs, fused)
+    try:
+        model = off_compile_thread(_stitched, name, gm, runs, fused)
+    except Exception as e:  # noqa: BLE001 - the rewrites are an optimization: never fatal
+        logger.info("lort: %s: stitching its rewritten layers failed: %s", name, _root_cause(e))
+        return None, {}
     try:
         for op, n in off_compile_thread(_compat.fuse_across_cuts, model).items():
             counts[op] += n
