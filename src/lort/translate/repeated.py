@@ -172,7 +172,8 @@ def stitch(name: str, gm: torch.fx.GraphModule, runs: list[Run], models: list[ir
         sub = model.graph
         value_map = {v: values[a] for v, a in zip(sub.inputs, run.inputs)}
         for init in sub.initializers.values():
-            copy = ir.Value(name=f"r{k}.{init.name}", type=init.type, shape=init.shape, const_value=init.const_value)
+            shape = init.shape.copy() if init.shape is not None else None
+            copy = ir.Value(name=f"r{k}.{init.name}", type=init.type, shape=shape, const_value=init.const_value)
             graph.register_initializer(copy)
             value_map[init] = copy
         cloner = _compat.node_cloner(value_map)
