@@ -22,6 +22,7 @@ import torch.fx
 
 from .._version import __version__
 from ..options import Options
+from ..translate.repeated import describe_value
 
 logger = logging.getLogger("lort")
 
@@ -67,14 +68,6 @@ def _versions() -> tuple:
     return (FORMAT, __version__, _source_hash(), torch.__version__, *others)
 
 
-def _describe(val) -> str:
-    if isinstance(val, torch.Tensor):
-        return f"{val.dtype}{tuple(str(d) for d in val.shape)}{tuple(str(s) for s in val.stride())}{val.device.type}"
-    if isinstance(val, (list, tuple)):
-        return "(" + ",".join(_describe(v) for v in val) + ")"
-    return type(val).__name__
-
-
 def versions_key(what: str) -> str:
     """A key for a record that depends only on the library versions (e.g. the list of
     ops torch_lib translates)."""
@@ -88,7 +81,7 @@ def graph_key(gm: torch.fx.GraphModule, options: Options, what: str = "group") -
     h.update(repr((what, _versions(), _options_key(options))).encode())
     h.update(gm.code.encode())
     for n in gm.graph.nodes:
-        h.update(f"{n.name}:{_describe(n.meta.get('val'))};".encode())
+        h.update(f"{n.name}:{describe_value(n.meta.get('val'))};".encode())
     return h.hexdigest()
 
 
@@ -117,7 +110,7 @@ def inputs_key(gm: torch.fx.GraphModule, example_inputs: list, options: Options,
     h.update(repr((what, _versions(), _options_key(options))).encode())
     h.update(gm.code.encode())
     for a in example_inputs:
-        h.update(f"{_describe(a)}:{getattr(a, 'requires_grad', None)};".encode())
+        h.update(f"{describe_value(a)}:{getattr(a, 'requires_grad', None)};".encode())
     h.update(repr(torch.is_grad_enabled()).encode())
     return h.hexdigest()
 

@@ -121,12 +121,13 @@ class GroupCompiler:
         if cached is not None:
             self._save_onnx(name, cached.model_bytes)
             return cached
-        twin_key = None
+        twin_key = structure = None
         if self._twins is not None:
-            twin_key = (repeated.structure(phys_gm.graph), key, tuple(w.index for w in frozen), str(device))
+            structure = repeated.structure(phys_gm.graph)
+            twin_key = (structure, key, tuple(w.index for w in frozen), str(device))
         twin = self._twins.get(twin_key) if twin_key is not None else None
         with _timed(times, "translate"):
-            model, fuse = onnx_export.translate_group(phys_gm, name)
+            model, fuse = onnx_export.translate_group(phys_gm, name, structure)
             plain = onnx_export.serialize(model)
         # What runs after the fused model fails (weights are never frozen with transforms).
         plain_run = self._transformed(plain, name)
@@ -138,6 +139,7 @@ class GroupCompiler:
         # What the session takes: the frozen weights are its initializers.
         frozen_idx = {w.index for w in frozen}
         ort_feeds = None if feeds is None else [f for i, f in enumerate(feeds) if i not in frozen_idx]
+        alike = False  # this group takes a twin's choices (for the same model, fused or plain)
         for i, make in enumerate(candidates):
             with _timed(times, "translate"):
                 made = make()  # the ORT-fused model, or the plain one
@@ -156,7 +158,6 @@ class GroupCompiler:
                 # The group's session with every thread also times that count: a group
                 # whose session is built once (and its frozen weights pre-packed once)
                 # unless one thread wins.
-                # A twin's choices hold for the same model (fused or plain) only.
                 alike = twin is not None and twin.fused == fused
                 first_threads = twin.threads if alike else self._max_threads()
                 with _timed(times, "session"):
@@ -179,7 +180,7 @@ class GroupCompiler:
                     raise
                 logger.info("lort: %s: ORT refused the fused model (%s); using the plain one", name, e)
         executor, executor_times = Placement.ORT, {}
-        if twin is not None and twin.fused == fused:
+        if alike:
             executor, executor_times = twin.executor, twin.executor_times
         elif self.options.executor == "auto" and self.options.mode == "ort" and feeds is not None:
             with _timed(times, "timing"):

@@ -27,14 +27,15 @@ def group_to_onnx(gm: torch.fx.GraphModule, name: str) -> ir.Model:
     return translate_group(gm, name)[0]
 
 
-def translate_group(gm: torch.fx.GraphModule, name: str) -> tuple[ir.Model, object]:
+def translate_group(gm: torch.fx.GraphModule, name: str, structure: str | None = None) -> tuple[ir.Model, object]:
     """The group's ONNX model (inputs the placeholders, outputs the output tuple), and
     its ``fuse(serializer=None)``: the model with onnxscript's ORT rewrites, as
     ``fuse_for_ort`` gives it. A group that repeats a layer (translate/repeated.py) is
     translated, and rewritten, once per distinct layer; inside ``shared_runs``, a group
-    of the structure of one translated before shares that one's model and rewrite."""
+    of the structure of one translated before shares that one's model and rewrite
+    (``structure``: ``repeated.structure(gm.graph)`` where the caller has it)."""
     known = _store("groups")
-    key = repeated.structure(gm.graph) if _shared is not None else None
+    key = (structure or repeated.structure(gm.graph)) if _shared is not None else None
     if key in known:
         return known[key]
     translated = _translate_group(gm, name)

@@ -125,16 +125,18 @@ def structure(g: torch.fx.Graph) -> str:
     def arg(a):
         return torch.fx.node.map_arg(a, lambda n: f"%{index[n]}")
 
-    lines = [f"{n.op} {n.target if n.op != 'placeholder' else ''} {arg(n.args)!r} {arg(n.kwargs)!r} {_meta(n.meta.get('val'))}"
+    lines = [f"{n.op} {n.target if n.op != 'placeholder' else ''} {arg(n.args)!r} {arg(n.kwargs)!r} {describe_value(n.meta.get('val'))}"
              for n in g.nodes]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def _meta(val) -> str:
+def describe_value(val) -> str:
+    """A node value as keys read it: a tensor's dtype, shape, strides and device type
+    (symbolic sizes by name), a tuple's items, else the type's name."""
     if isinstance(val, torch.Tensor):
-        return f"{val.dtype}{tuple(str(s) for s in val.shape)}{tuple(str(s) for s in val.stride())}{val.device}"
-    if isinstance(val, (tuple, list)):
-        return "(" + ",".join(_meta(v) for v in val) + ")"
+        return f"{val.dtype}{tuple(str(d) for d in val.shape)}{tuple(str(s) for s in val.stride())}{val.device.type}"
+    if isinstance(val, (list, tuple)):
+        return "(" + ",".join(describe_value(v) for v in val) + ")"
     return type(val).__name__
 
 
