@@ -796,6 +796,28 @@ def test_dependencies_warnings_about_lorts_passes_do_not_reach_users(tmp_path, l
         assert noisy, "with the user's level set, onnx-ir's warnings stay visible"
 
 
+def test_torchs_own_deprecation_warning_in_export_does_not_reach_users():
+    """torch 2.13's ExportedProgram.run_decompositions deep-copies TreeSpecs and warns
+    "`isinstance(treespec, LeafSpec)` is deprecated" (a FutureWarning, once per
+    ORTModule inference capture); lort holds that one warning back, nothing else."""
+    import warnings
+
+    class Einsum(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.einsum("ij,jk->ik", a, b)
+
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = lort.ORTModule(Einsum(), options=lort.Options(disk_cache=False))
+        with torch.no_grad():
+            out = m(a, b)
+        warnings.warn("the user's own", FutureWarning)
+    torch.testing.assert_close(out, a @ b)
+    said = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    assert said == ["the user's own"], said
+
+
 def test_a_close_call_is_timed_again_and_explained():
     """ORT and PyTorch within 5% of each other: the tuner times both again and keeps
     the faster of each, and explain says the choice was close."""

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import logging
 import operator
+import warnings
 
 import torch
 import torch.fx
@@ -87,6 +88,9 @@ def decomposition_table(decompose_conv_backward: bool, implemented: tuple[str, .
     return table
 
 
+_LEAFSPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+
+
 def export_inference(module: torch.nn.Module, flat: list[torch.Tensor], table: dict,
                      prefix: str = "") -> ExportedGraph:
     """``module(*flat)`` (a tuple of tensors out) as an ``ExportedGraph``, traced without
@@ -95,7 +99,11 @@ def export_inference(module: torch.nn.Module, flat: list[torch.Tensor], table: d
     try:
         with torch.inference_mode(False), torch.no_grad():
             ep = torch.export.export(module, tuple(flat), strict=False)
-            ep = ep.run_decompositions(table)
+            with warnings.catch_warnings():
+                # torch 2.13's run_decompositions deep-copies its call graph's TreeSpecs,
+                # which warns of its own deprecated LeafSpec: torch's noise, not the user's.
+                warnings.filterwarnings("ignore", message=_LEAFSPEC_WARNING, category=FutureWarning)
+                ep = ep.run_decompositions(table)
     except Exception as e:  # noqa: BLE001 - any failure to export sends the call to Dynamo
         raise ExportRefused(f"torch.export failed: {_first_line(e)}") from e
     sig = ep.graph_signature
