@@ -103,6 +103,31 @@ def test_least_recently_used_entries_go_over_the_size_limit(tmp_path):
     assert meta["size"] == 1000
 
 
+def test_the_directory_is_listed_once_per_process_until_the_limit(tmp_path, monkeypatch):
+    """Thousands of tiny models (ORTModule's einsum tests build one per case) must not
+    list the cache directory at every write: once on the process's first write, then
+    only when what it wrote passes the limit, which eviction takes down to 90% of it."""
+    from lort.compile import disk_cache
+
+    listed = []
+    real_listdir = os.listdir
+    monkeypatch.setattr(disk_cache.os, "listdir", lambda d: listed.append(d) or real_listdir(d))
+    monkeypatch.setattr(disk_cache, "_known_bytes", {})
+    (tmp_path / "old.rec.json").write_bytes(bytes(500))  # another process's entry
+    os.utime(tmp_path / "old.rec.json", (0, 0))
+    cache = DiskCache(str(tmp_path), max_bytes=20_000)
+    for i in range(40):
+        cache.store_record(f"r{i}", {"i": i})
+    assert len(listed) == 1
+    for i in range(30):  # ~1 KB each: past the limit, then evicted down to 90% of it
+        cache.store(f"k{i}", bytes(1000), {"threads": 1})
+    assert 2 <= len(listed) <= 5, len(listed)
+    total = sum(os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path))
+    assert total <= 20_000
+    assert not (tmp_path / "old.rec.json").exists()  # the least recently used went first
+    assert cache.load("k29") is not None
+
+
 def test_env_turns_the_cache_off_and_moves_it(monkeypatch, tmp_path):
     monkeypatch.setenv("LORT_DISK_CACHE", "0")
     assert lort.Options().disk_cache is False

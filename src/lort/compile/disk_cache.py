@@ -5,7 +5,10 @@ versions and the options that change the result.
 A hit skips translation, the fusion rewrites and the timing runs; ORT still builds its
 session. Entries are written to a temporary file and renamed, so processes sharing the
 directory never read half an entry; the directory is kept under a size limit by
-removing the least recently used entries.
+removing the least recently used entries. The directory is listed once per process and
+again only when what this process wrote takes it past the limit (not at each write:
+thousands of small models, ORTModule's test suites build one per case, would list a
+directory of thousands of files once per group).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 
 import torch
 import torch.fx
@@ -27,6 +31,14 @@ from ..translate.repeated import describe_value
 logger = logging.getLogger("lort")
 
 FORMAT = 1
+
+#: Eviction takes a full directory down to this share of its limit, so that a process
+#: writing at the limit lists the directory once per tenth of it, not at every write.
+EVICT_TO = 0.9
+#: Bytes in each cache directory as this process knows them: listed on its first write,
+#: then counted up by what it writes (other processes' writes are seen at the next listing).
+_known_bytes: dict[str, int] = {}
+_known_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=1)
@@ -150,9 +162,10 @@ class DiskCache:
             os.makedirs(self.directory, exist_ok=True)
             model_path, meta_path = self._paths(key)
             # The model first, then the metadata that makes the entry visible.
+            meta_bytes = json.dumps({**meta, "size": len(model)}).encode()
             self._write(model_path, model)
-            self._write(meta_path, json.dumps({**meta, "size": len(model)}).encode())
-            self._evict()
+            self._write(meta_path, meta_bytes)
+            self._written(len(model) + len(meta_bytes))
         except OSError as e:
             logger.info("lort: disk cache not written (%s)", e)
 
@@ -170,7 +183,9 @@ class DiskCache:
     def store_record(self, key: str, record: dict) -> None:
         try:
             os.makedirs(self.directory, exist_ok=True)
-            self._write(os.path.join(self.directory, f"{key}.rec.json"), json.dumps(record).encode())
+            data = json.dumps(record).encode()
+            self._write(os.path.join(self.directory, f"{key}.rec.json"), data)
+            self._written(len(data))
         except OSError as e:
             logger.info("lort: disk cache not written (%s)", e)
 
@@ -187,7 +202,19 @@ class DiskCache:
                 pass
             raise
 
-    def _evict(self) -> None:
+    def _written(self, size: int) -> None:
+        """Count ``size`` bytes written; list the directory (and evict) only on this
+        process's first write to it or once the count passes the limit."""
+        with _known_lock:
+            known = _known_bytes.get(self.directory)
+            known = self._evict() if known is None else known + size
+            if known > self.max_bytes:
+                known = self._evict()
+            _known_bytes[self.directory] = known
+
+    def _evict(self) -> int:
+        """Remove the least recently used files while the directory is over the limit
+        (down to EVICT_TO of it); the bytes left."""
         entries = []
         total = 0
         for name in os.listdir(self.directory):
@@ -200,14 +227,17 @@ class DiskCache:
                 continue
             entries.append((st.st_mtime, st.st_size, path))
             total += st.st_size
+        if total <= self.max_bytes:
+            return total
         for _, size, path in sorted(entries):
-            if total <= self.max_bytes:
+            if total <= self.max_bytes * EVICT_TO:
                 break
             try:
                 os.unlink(path)
                 total -= size
             except OSError:
                 pass
+        return total
 
 
 def for_options(options: Options) -> DiskCache | None:
