@@ -1,22 +1,35 @@
-"""Exponential-based functions accurate at small values, where ORT's kernels or
-torch_lib's translations are not (registered by ``decompositions.table``):
+"""Exponential-based functions where ORT's kernels or torch_lib's translations would
+break lort's precision policy (README, "Precision"): results within
+``torch.testing.assert_close``'s default tolerances of eager's, NaN/inf and signs as
+eager's. Registered by ``decompositions.table``; each returns NotImplemented (the op is
+translated as it is) where the kernel keeps the policy.
 
 * ``expm1``: torch_lib writes ``exp(x) - 1``, which loses every digit below the dtype's
-  epsilon (float32 expm1(1e-10) was 0, expm1(1e-5) off by 0.14%). Kahan's form
-  ``(u - 1) * x / log(u)`` with ``u = exp(x)`` is accurate to a few ulp.
-* ``elu``, ``celu``, ``selu``: ORT's Elu, Celu and Selu compute ``exp(x) - 1`` (elu(-1e-10)
-  was 0 in float32); PyTorch's decompositions over the accurate ``expm1``, as eager's
-  kernel does.
-* ``sigmoid``, ``silu``, ``glu`` and their backward: MLAS's logistic (ORT's CPU Sigmoid) is
-  accurate in absolute terms only (float32 sigmoid(-17.26) was 3.7 times eager's value,
-  0 below -30; float64 sigmoid(-100) was 0), and ORT's CUDA Sigmoid computes
-  ``1 - 1 / (1 + exp(x))`` for x <= 0, 0 below about -17 in float32. Eager's formula,
-  ``1 / (1 + exp(-x))``, on every device.
+  epsilon (float32 expm1(1e-10) was 0, expm1(1e-5) off by 0.14%). Within an absolute
+  tolerance, but expm1 exists for its relative accuracy near 0, and what users build on it
+  (``log(expm1(x))``, ``x / expm1(x)``) turns that loss into wrong values far above any
+  tolerance (log(expm1(1e-10)) was -inf, eager -23.03). Kahan's form
+  ``(u - 1) * x / log(u)`` with ``u = exp(x)`` is accurate to a few ulp, on every device.
+  No benchmark model calls it (the ELU family below no longer goes through it on CPU).
+* ``sigmoid``, ``silu``, ``elu``, ``celu``, ``selu``: on CPU, ORT's kernels (MLAS's
+  logistic; Elu, Celu, Selu) are within the tolerances in float32 and float16 from the
+  smallest values to overflow, with NaN/inf and signs as eager's
+  (tests/test_decompositions_exponential.py); float64 keeps eager's formulas
+  (``KERNEL_DTYPES``), and elu with an input_scale, which torch_lib's translation
+  applies to both branches. ``glu`` is ``a * sigmoid(b)`` over eager's formula
+  everywhere: with MLAS's logistic 0 below about -30, an infinite ``a`` became NaN. MLAS's logistic is accurate in absolute terms
+  only (float32 sigmoid(-17.26) is 3.7 times eager's 3.2e-8): far inside atol, and
+  eager's formula there cost 40% on a SiLU CNN (four nodes per SiLU where ORT fuses
+  ``x * Sigmoid(x)`` into one QuickGelu, and broken NCHWc chains;
+  benchmarks/logistic_cost.md). Elsewhere (CUDA), eager's formulas: ORT's CUDA Sigmoid
+  computes ``1 - 1 / (1 + exp(x))`` for x <= 0, which in float16 is 0 below about -7.6
+  (eager 5e-4, past float16's tolerance), and its Elu ``exp(x) - 1`` in the input's dtype.
+  ``silu_backward`` (no torch_lib translation) is PyTorch's formula over ``sigmoid``.
 * ``softplus`` except ORT's CPU kernel, which is accurate (float64 has none and was 0 for
-  softplus(-100); ORT's CUDA Softplus computes ``log(exp(x) + 1)``): ``log1p(exp(x))``,
-  eager's formula; ``mish`` there likewise, whose translation has its own softplus.
+  softplus(-100), and float64/float16 overflowed to inf from about 700 / 89; ORT's CUDA
+  Softplus computes ``log(exp(x) + 1)``): ``log1p(exp(x))``, eager's formula; ``mish``
+  there likewise, whose translation has its own softplus.
 """
-
 from __future__ import annotations
 
 import math
@@ -89,9 +102,56 @@ def silu(x):
 
 @_floating
 def silu_backward(grad, x):
-    """PyTorch's decomposition of silu_backward, over the sigmoid above."""
-    s = sigmoid(x)
+    """PyTorch's decomposition of silu_backward, over the sigmoid above (eager's formula
+    off CPU, ORT's Sigmoid on CPU)."""
+    s = sigmoid(x) if x.device.type != "cpu" else aten.sigmoid.default(x)
     return aten.mul.Tensor(aten.mul.Tensor(grad, s), aten.add.Scalar(aten.mul.Tensor(x, aten.rsub.Scalar(s, 1)), 1))
+
+
+#: The dtypes whose ORT CPU kernels (Sigmoid, Elu, Celu, Selu) are used: float64 keeps
+#: eager's formulas (accurate in relative terms, as float64 work expects; a float64
+#: graph is never the fast path, and its alpha would be rounded to float32 by Elu).
+KERNEL_DTYPES = (torch.float32, torch.float16)
+
+
+def _off_cpu(fn, kernel_computes=None):
+    """``fn``, except on CPU for KERNEL_DTYPES, where ORT's kernel is within the
+    precision policy: NotImplemented there (the op is translated as it is).
+    ``kernel_computes(*args)``: whether the translation computes the op at these
+    arguments (torch_lib's elu applies input_scale to both branches, eager to the
+    negative one only)."""
+
+    def decomposition(x, *args, **kwargs):
+        if (isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dtype in KERNEL_DTYPES
+                and (kernel_computes is None or kernel_computes(*args, **kwargs))):
+            return NotImplemented
+        return fn(x, *args, **kwargs)
+
+    decomposition.__name__ = fn.__name__
+    return decomposition
+
+
+def _input_scale_is_1(alpha=1.0, scale=1.0, input_scale=1.0) -> bool:
+    return input_scale == 1
+
+
+@_floating
+def glu(x, dim=-1):
+    """``a * sigmoid(b)`` over eager's sigmoid formula on every device: MLAS's logistic
+    is 0 below about -30 (eager's float32 sigmoid only below -103.9), which makes an
+    infinite ``a`` NaN where eager's is infinite."""
+    a, b = aten.split.Tensor(x, x.shape[dim] // 2, dim)
+    return aten.mul.Tensor(a, sigmoid(b))
+
+
+@_floating
+def glu_backward(grad, x, dim):
+    """PyTorch's decomposition of glu_backward, over eager's sigmoid formula (as ``glu``)."""
+    dim = dim % x.dim()
+    first, second = aten.split.Tensor(x, x.shape[dim] // 2, dim)
+    s = sigmoid(second)
+    grad_second = aten.mul.Tensor(aten.mul.Tensor(aten.mul.Tensor(aten.rsub.Scalar(s, 1.0), s), first), grad)
+    return aten.cat.default([aten.mul.Tensor(s, grad), grad_second], dim)
 
 
 def _softplus_kernel_is_accurate(x) -> bool:
@@ -117,15 +177,15 @@ def _where_softplus_kernel_is_not(op):
 def table() -> dict:
     return {
         aten.expm1.default: _floating(accurate_expm1),
-        aten.elu.default: _pytorch(aten.elu.default),
-        aten.celu.default: _pytorch(aten.celu.default),
-        aten.selu.default: _pytorch(aten.selu.default),
-        aten.sigmoid.default: sigmoid,
-        aten.silu.default: silu,
+        aten.elu.default: _off_cpu(_pytorch(aten.elu.default), _input_scale_is_1),
+        aten.celu.default: _off_cpu(_pytorch(aten.celu.default)),
+        aten.selu.default: _off_cpu(_pytorch(aten.selu.default)),
+        aten.sigmoid.default: _off_cpu(sigmoid),
+        aten.silu.default: _off_cpu(silu),
         aten.silu_backward.default: silu_backward,
         aten.softplus.default: _where_softplus_kernel_is_not(aten.softplus.default),
-        aten.glu.default: _pytorch(aten.glu.default),
-        aten.glu_backward.default: _pytorch(aten.glu_backward.default),
+        aten.glu.default: glu,
+        aten.glu_backward.default: glu_backward,
         aten.mish.default: _where_softplus_kernel_is_not(aten.mish.default),
         aten.mish_backward.default: _where_softplus_kernel_is_not(aten.mish_backward.default),
     }
