@@ -34,7 +34,9 @@ from lort.testing.models import CASES, make_torchvision_importable, output_tenso
 make_torchvision_importable()
 
 DEFAULT = ["cnn:infer1", "cnn:train", "resnet18:infer1", "resnet18:train", "resnet50:infer1"]
-LOGISTIC_DEFAULT = ["llama:infer1", "llama:infer8", "llama:train", "llama:ortmodule1", "llama:ortmodule8",
+LOGISTIC_DEFAULT = ["efficientnet:infer1", "efficientnet:infer8", "efficientnet:ortmodule1", "efficientnet:ortmodule8",
+                    "efficientnet:train", "mobilevit:ortmodule1", "mobilevit:ortmodule8",
+                    "llama:infer1", "llama:infer8", "llama:train", "llama:ortmodule1", "llama:ortmodule8",
                     "silu:infer1", "silu:infer8", "silu:train"]
 ROUNDS = 25
 
@@ -43,13 +45,23 @@ _REAL_EXPONENTIAL = decompositions_exponential.table
 _LOGISTIC = (torch.ops.aten.sigmoid.default, torch.ops.aten.silu.default, torch.ops.aten.silu_backward.default)
 
 
+def _silu_backward_formula(grad, x):
+    aten = torch.ops.aten
+    s = decompositions_exponential.sigmoid(x)
+    return aten.mul.Tensor(aten.mul.Tensor(grad, s), aten.add.Scalar(aten.mul.Tensor(x, aten.rsub.Scalar(s, 1)), 1))
+
+
+#: Eager's formulas on every device (what lort used on CPU before the precision policy).
+_FORMULAS = (decompositions_exponential.sigmoid, decompositions_exponential.silu, _silu_backward_formula)
+
+
 def use(which: str, on: bool) -> None:
     """Turn the set ``which`` of decompositions on or off (the other set stays on)."""
     decompositions.nan_decompositions = _REAL_NAN if on or which != "nan" else (lambda: {})
-    if on or which != "logistic":
-        decompositions_exponential.table = _REAL_EXPONENTIAL
+    if on and which == "logistic":
+        decompositions_exponential.table = lambda: {**_REAL_EXPONENTIAL(), **dict(zip(_LOGISTIC, _FORMULAS))}
     else:
-        decompositions_exponential.table = lambda: {k: v for k, v in _REAL_EXPONENTIAL().items() if k not in _LOGISTIC}
+        decompositions_exponential.table = _REAL_EXPONENTIAL
     decompositions.table.cache_clear()
     export.decomposition_table.cache_clear()
 

@@ -167,6 +167,14 @@ CASES = {
     "resnet50": Case("resnet50", lambda b: timm_model("resnet50", batch=b)),
     "mobilenetv3": Case("mobilenetv3", lambda b: timm_model("mobilenetv3_small_100", batch=b)),
     "vit": Case("vit", lambda b: timm_model("vit_tiny_patch16_224", batch=b, img_size=64)),
+    # Issue 31's families: SiLU with depthwise convolutions and squeeze-excitation, a
+    # GELU/LayerNorm CNN, SiLU convolutions with transformer blocks, a convolution-
+    # attention vision transformer (Hardswish), grouped convolutions with squeeze-excitation.
+    "efficientnet": Case("efficientnet", lambda b: timm_model("efficientnet_b0", batch=b)),
+    "convnext": Case("convnext", lambda b: timm_model("convnext_atto", batch=b)),
+    "mobilevit": Case("mobilevit", lambda b: timm_model("mobilevit_xxs", batch=b)),
+    "levit": Case("levit", lambda b: timm_model("levit_128s", batch=b, img_size=64)),
+    "regnety": Case("regnety", lambda b: timm_model("regnety_002", batch=b)),
 }
 
 
