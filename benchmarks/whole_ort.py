@@ -77,15 +77,15 @@ def export_bytes(model: torch.nn.Module, args: tuple) -> bytes:
         return program.model_proto.SerializeToString()
 
 
-def make_session(model_bytes: bytes, device: str = "cpu") -> ort.InferenceSession:
+def make_session(model_bytes: bytes, device: str = "cpu", spinning: bool = False) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = torch.get_num_threads()
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spinning else "0")
     if torch.device(device).type == "cuda":
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
@@ -128,7 +128,8 @@ def _bound_step(session: ort.InferenceSession, args: tuple, device: torch.device
     return step
 
 
-def whole_ort_step(model: torch.nn.Module, args: tuple, device: str = "cpu") -> Callable[[], list] | str:
+def whole_ort_step(model: torch.nn.Module, args: tuple, device: str = "cpu",
+                   spinning: bool = False) -> Callable[[], list] | str:
     """A step running ``model`` (in eval mode) on ``args`` exported whole to ORT, checked
     against eager once; or why not: "export fails: ...", "session fails: ...",
     "binding fails: ..." or "wrong output: ..."."""
@@ -137,7 +138,7 @@ def whole_ort_step(model: torch.nn.Module, args: tuple, device: str = "cpu") -> 
     except Exception as e:  # noqa: BLE001 - reported in the table
         return f"export fails: {_first_line(e)}"
     try:
-        session = make_session(model_bytes, device)
+        session = make_session(model_bytes, device, spinning)
     except Exception as e:  # noqa: BLE001 - reported in the table
         return f"session fails: {_first_line(e)}"
     del model_bytes

@@ -112,3 +112,40 @@ def test_dropped_models_do_not_grow_the_process(front, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     per_model = float(out.stdout.strip().splitlines()[-1])
     assert per_model < 2 * 2**20, f"{per_model / 2**20:.2f} MB per dropped model"
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_compiles_with_equal_options_share_sessions_until_both_models_go(tmp_path, grad):
+    """DORT kept one backend per options: two torch.compile calls with equal options
+    shared its sessions. lort shares a group's session between compiles with equal
+    options (through the disk cache's key; frozen weights: the same tensors), builds
+    another for other session settings, and the shared session goes with the last model
+    that runs it."""
+    from lort.compile import shared_sessions
+    from lort.runtime.session import stats
+
+    options = {"executor": "ort", "disk_cache": True, "cache_dir": str(tmp_path)}
+    model, x = _mlp(), torch.randn(16, 512)
+    want = model(x)
+
+    def compile_and_run(opts):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="lort", options=opts)
+        with torch.set_grad_enabled(grad):
+            out = compiled(x)
+        torch.testing.assert_close(out, want)
+        return compiled
+
+    first = compile_and_run(options)
+    built = stats.sessions_created
+    second = compile_and_run(dict(options))
+    assert stats.sessions_created == built  # the first compile's session, shared
+    third = compile_and_run({**options, "allow_spinning": True})
+    assert stats.sessions_created > built  # other session settings: a session of its own
+    assert shared_sessions.count() >= 1
+    shared = [weakref.ref(s) for s in list(shared_sessions._sessions.values())]
+    del first, second, third, model
+    torch._dynamo.reset()
+    gc.collect()
+    assert all(r() is None for r in shared)
+    assert shared_sessions.count() == 0

@@ -31,7 +31,7 @@ from ..runtime.dtypes import SUPPORTED_DTYPES
 from ..runtime.session import GroupSession, OutputSpec, optimizer_changes
 from ..runtime.session import stats as session_stats
 from ..translate import external_data, onnx_export, repeated
-from . import disk_cache, freezing
+from . import disk_cache, freezing, shared_sessions
 from .layout import dense_perm, inverse, is_symbolic, needs_restride, physical_graph, static_shape
 from .tuner import Tuner, synthetic_inputs
 
@@ -209,6 +209,9 @@ class GroupCompiler:
             self._twins[twin_key] = compiled
         if cache:
             cache.store(cache_key, compiled.model_bytes, choices(compiled))
+            if compiled.session is not None:
+                shared_sessions.put(
+                    shared_sessions.key(cache_key, self.options, device, threads, tf32, compiled.frozen), compiled.session)
         return compiled
 
     def refreezer(self, compiled: CompiledGroup):
@@ -340,8 +343,13 @@ class GroupCompiler:
             fused = bool(meta["fused"])
             # A group timed faster in PyTorch never runs its session: none is built.
             ort_optimizer = {}
+            shared_key = shared_sessions.key(cache_key, self.options, device, threads, tf32, frozen)
+            shared = shared_sessions.get(shared_key) if executor == Placement.ORT else None
             if executor != Placement.ORT:
                 sess, frozen = None, ()
+            elif shared is not None:  # an earlier compile's, with equal options
+                sess = shared
+                logger.debug("lort: %s: shares the session of an earlier compile with equal options", name)
             elif frozen:
                 sess, run_bytes = self._frozen_session(
                     model_bytes, fused, frozen, None, device, outputs, name, threads, tf32
@@ -360,6 +368,8 @@ class GroupCompiler:
         except (KeyError, TypeError, ValueError, SessionCreationError) as e:
             logger.info("lort: %s: disk cache entry unusable (%s); translating", name, e)
             return None
+        if sess is not None and shared is None:
+            shared_sessions.put(shared_key, sess)
         logger.debug("lort: %s: loaded from the disk cache", name)
         return compiled
 

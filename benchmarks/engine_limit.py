@@ -1,0 +1,173 @@
+"""lort against the engine's limit: each model exported whole to ORT, with the same ORT
+settings on both sides, spinning off (lort's default) and on, side by side in one process.
+
+For each model and batch (inference under no_grad): eager; the whole model in one ORT
+session (benchmarks/whole_ort.py) with intra-op spinning off and on; ``lort.ORTModule``
+and ``torch.compile(backend=lort.LortBackend(...))`` with ``allow_spinning`` off and on;
+and, for the per-call cost of each front end, the frozen ORT session lort built for the
+model called directly on the input (one group with one input: "session alone"). Each
+front end's own cost per call is its time minus its session's alone (guards, the weight
+check, binding, output wrapping; for torch.compile, Dynamo's frame and guards).
+
+Times are medians of 15 round-robin samples with a 20 ms pause after each (spinning
+threads of one step must not slow the next). Ratios are whole-ORT time / lort time at
+the same spinning setting (at least 0.9 for ORTModule and 0.8 for torch.compile is issue
+31's bar) and eager time / lort time.
+
+    python benchmarks/engine_limit.py [--models efficientnet,convnext] [--batches 1,8] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import os
+import platform
+import statistics
+import sys
+
+import torch
+
+from lort.testing.models import CASES, make_torchvision_importable
+
+make_torchvision_importable()
+
+import onnxruntime  # noqa: E402
+
+import lort  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import timed_interleaved  # noqa: E402
+from whole_ort import whole_ort_step  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_MODELS = ["efficientnet", "convnext", "mobilevit", "levit", "regnety", "mobilenetv3", "vit", "resnet50"]
+COLUMNS = ["eager", "whole", "whole_spin", "ortmodule", "ortmodule_spin", "compile", "compile_spin",
+           "om_session", "tc_session"]
+
+
+def _frozen_session(records):
+    """The frozen ORT session of a graph compiled into one group, or None."""
+    groups = [g for r in records for g in r.group_modules.values()]
+    if len(groups) != 1 or len(groups[0]._frozen_sessions) != 1 or len(groups[0]._live) != 1:
+        return None
+    return next(iter(groups[0]._frozen_sessions.values()))
+
+
+def steps_for(name: str, batch: int) -> tuple[dict, dict]:
+    """The steps of one row, and why a column is missing."""
+    model, args = CASES[name].make(batch, seed=0)
+    model.eval()
+    steps, missing = {}, {}
+
+    def eager():
+        with torch.no_grad():
+            return model(*args)
+
+    steps["eager"] = eager
+    for spin in (False, True):
+        whole = whole_ort_step(copy.deepcopy(model), args, spinning=spin)
+        key = "whole_spin" if spin else "whole"
+        if callable(whole):
+            steps[key] = whole
+        else:
+            missing[key] = whole
+        opts = lort.Options(allow_spinning=spin)
+        om = lort.ORTModule(copy.deepcopy(model), options=opts)
+        backend = lort.LortBackend(opts)
+        compiled = torch.compile(copy.deepcopy(model), backend=backend)
+
+        def om_step(om=om):
+            with torch.no_grad():
+                return om(*args)
+
+        def tc_step(compiled=compiled):
+            with torch.no_grad():
+                return compiled(*args)
+
+        om_step(), om_step(), tc_step()
+        steps["ortmodule_spin" if spin else "ortmodule"] = om_step
+        steps["compile_spin" if spin else "compile"] = tc_step
+        if not spin:
+            x = args[0].contiguous()
+            for key, records in (("om_session", om.transition_manager.records), ("tc_session", backend.records)):
+                sess = _frozen_session(records)
+                if sess is None:
+                    missing[key] = "not one frozen group"
+                else:
+                    steps[key] = lambda sess=sess: sess.run([x])
+    return steps, missing
+
+
+def _ratio(t: dict, num: str, den: str) -> str:
+    return f"{t[num] / t[den]:.2f}x" if num in t and den in t else "-"
+
+
+def _ms(t: dict, key: str) -> str:
+    return f"{t[key] * 1e3:.3f}" if key in t else "-"
+
+
+def format_rows(rows: list) -> list[str]:
+    lines = [
+        "| model | batch | eager ms | whole ORT ms | ORTModule ms | torch.compile ms | ORTModule vs whole | "
+        "torch.compile vs whole | whole ORT spin ms | ORTModule spin ms | torch.compile spin ms | "
+        "ORTModule vs whole, spin | torch.compile vs whole, spin | ORTModule vs eager | torch.compile vs eager | "
+        "ORTModule's own ms | torch.compile's own ms |",
+        "|---|---:|" + "---:|" * 15,
+    ]
+    for name, batch, t, _ in rows:
+        own_om = f"{(t['ortmodule'] - t['om_session']) * 1e3:.3f}" if "om_session" in t else "-"
+        own_tc = f"{(t['compile'] - t['tc_session']) * 1e3:.3f}" if "tc_session" in t else "-"
+        lines.append(
+            f"| {name} | {batch} | {_ms(t, 'eager')} | {_ms(t, 'whole')} | {_ms(t, 'ortmodule')} | {_ms(t, 'compile')} | "
+            f"{_ratio(t, 'whole', 'ortmodule')} | {_ratio(t, 'whole', 'compile')} | {_ms(t, 'whole_spin')} | "
+            f"{_ms(t, 'ortmodule_spin')} | {_ms(t, 'compile_spin')} | {_ratio(t, 'whole_spin', 'ortmodule_spin')} | "
+            f"{_ratio(t, 'whole_spin', 'compile_spin')} | {_ratio(t, 'eager', 'ortmodule')} | {_ratio(t, 'eager', 'compile')} | "
+            f"{own_om} | {own_tc} |"
+        )
+    for key, label in (("ortmodule", "ORTModule"), ("compile", "torch.compile")):
+        for spin in ("", "_spin"):
+            pairs = [t["whole" + spin] / t[key + spin] for _, _, t, _ in rows if "whole" + spin in t and key + spin in t]
+            if pairs:
+                lines.append(f"\n- {label} vs whole ORT{', spinning' if spin else ''}: geomean "
+                             f"{statistics.geometric_mean(pairs):.2f}x, {min(pairs):.2f}x to {max(pairs):.2f}x")
+    slower = [f"{n} batch {b} ({label} {t['eager'] / t[k]:.2f}x)" for n, b, t, _ in rows
+              for k, label in (("ortmodule", "ORTModule"), ("compile", "torch.compile")) if k in t and t[k] > t["eager"]]
+    lines.append(f"- slower than eager: {', '.join(slower) if slower else 'none'}")
+    for n, b, _, missing in rows:
+        for key, why in missing.items():
+            lines.append(f"- {n} batch {b}, {key}: {why}")
+    return lines
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--min-time", type=float, default=3.0, help="seconds per step per row")
+    ap.add_argument("--out", default=os.path.join(HERE, "engine_limit_run.md"))
+    a = ap.parse_args(argv)
+    rows = []
+    for name in a.models.split(","):
+        for batch in (int(b) for b in a.batches.split(",")):
+            steps, missing = steps_for(name, batch)
+            with torch.no_grad():
+                t = timed_interleaved(steps, a.min_time * len(steps) / 4, repeats=15, settle_s=0.02)
+            rows.append((name, batch, t, missing))
+            print(format_rows(rows[-1:])[2], flush=True)
+            del steps
+    cpu = platform.processor() or platform.machine()
+    head = [
+        f"Taken {datetime.date.today()} by `python benchmarks/engine_limit.py`; {cpu}, {os.cpu_count()} cores, torch "
+        f"threads {torch.get_num_threads()}; torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, "
+        f"lort {lort.__version__}; Python {platform.python_version()}.",
+        "",
+    ]
+    with open(a.out, "w") as f:
+        f.write("\n".join(head + format_rows(rows)) + "\n")
+    print("\n".join(format_rows(rows)))
+
+
+if __name__ == "__main__":
+    main()

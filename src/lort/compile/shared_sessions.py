@@ -1,0 +1,51 @@
+"""ORT sessions shared between compiles with equal options (DORT kept one backend per
+options, so that two ``torch.compile`` calls with equal options shared its sessions).
+
+lort shares what such a backend would have held, without one backend living for the
+process: a group loaded from the disk cache (its key covers the graph, the argument spec,
+the library versions and the options that change a translation or a choice) takes the
+session an earlier compile built for the same key, threads, device and session settings,
+and for frozen weights the same weight tensors at the same version. The store holds its
+sessions weakly: a session lives as long as a compiled group that runs it, and goes when
+the last model using it is dropped (compile/lifetime.py), as an unshared one does.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+from ..options import Options
+
+_sessions: "weakref.WeakValueDictionary[tuple, object]" = weakref.WeakValueDictionary()
+_lock = threading.Lock()
+
+
+def key(cache_key: str, options: Options, device: torch.device, threads: int, tf32: bool, frozen) -> tuple:
+    """What makes two groups' sessions interchangeable: the disk cache's key (the graph,
+    its spec, versions, the options of translation and choice), the session's own
+    settings, and the frozen weights' identity and version (their memory is the
+    session's initializers)."""
+    weights = tuple((id(w.tensor), w.tensor.data_ptr(), w.tensor._version) for w in frozen)
+    settings = (options.allow_spinning, options.share_cpu_arena, options.graph_optimization_level,
+                repr(options.providers))
+    return (cache_key, str(device), threads, tf32, settings, weights)
+
+
+def get(k: tuple):
+    """The live session stored under ``k``, or None."""
+    with _lock:
+        return _sessions.get(k)
+
+
+def put(k: tuple, session) -> None:
+    with _lock:
+        _sessions[k] = session
+
+
+def count() -> int:
+    """Sessions stored and alive."""
+    with _lock:
+        return len(_sessions)
