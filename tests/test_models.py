@@ -23,10 +23,14 @@ STEPS = 20
 MODELS = ["mlp", "cnn", "transformer", "bert", "resnet18"]
 #: The other benchmark models: outputs, gradients and inference checked like the rest
 #: (the 20-step and explain tests stay on MODELS to keep the suite's time down).
-BENCH_MODELS = ["gpt2", "llama", "mobilenetv3", "vit", "resnet50"]
+BENCH_MODELS = ["gpt2", "llama", "mobilenetv3", "vit", "resnet50",
+                # issue 31's families: SiLU (ORT's Sigmoid/QuickGelu, forward and backward),
+                # GELU/LayerNorm, convolution-attention, grouped convolutions
+                "efficientnet", "convnext", "mobilevit", "levit", "regnety"]
 BATCH = {
     "mlp": 8, "cnn": 8, "transformer": 4, "bert": 2, "resnet18": 4,
     "gpt2": 2, "llama": 2, "mobilenetv3": 4, "vit": 2, "resnet50": 2,
+    "efficientnet": 2, "convnext": 2, "mobilevit": 2, "levit": 2, "regnety": 2,
 }
 
 
