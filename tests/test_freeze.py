@@ -297,11 +297,6 @@ def test_warm_compiles_and_refreezes_run_the_model_the_cold_compile_ran(net, tmp
     assert mod.compiled.fused and mod.fusions == {}
     cold_model = built[-1]
     torch._dynamo.reset()
-    # As in a new process: the cold compile's session, alive as long as the model, is not
-    # shared (a compile with equal options would take it: compile/shared_sessions.py).
-    from lort.compile import shared_sessions
-
-    monkeypatch.setattr(shared_sessions, "get", lambda key: None)
     built.clear()
     cm, warm = _compiled(model, **opts)
     _check(cm, model, x)
