@@ -14,22 +14,24 @@ translated as it is) where the kernel keeps the policy.
 * ``sigmoid``, ``silu``, ``elu``, ``celu``, ``selu``: on CPU, ORT's kernels (MLAS's
   logistic; Elu, Celu, Selu) are within the tolerances in float32 and float16 from the
   smallest values to overflow, with NaN/inf and signs as eager's
-  (tests/test_decompositions_exponential.py); float64 keeps eager's formulas
-  (``KERNEL_DTYPES``), and elu with an input_scale, which torch_lib's translation
-  applies to both branches. ``glu`` is ``a * sigmoid(b)`` over eager's formula
-  everywhere: with MLAS's logistic 0 below about -30, an infinite ``a`` became NaN. MLAS's logistic is accurate in absolute terms
-  only (float32 sigmoid(-17.26) is 3.7 times eager's 3.2e-8): far inside atol, and
+  (tests/test_decompositions_exponential.py). MLAS's logistic is accurate in absolute
+  terms only (float32 sigmoid(-17.26) is 3.7 times eager's 3.2e-8): far inside atol, and
   eager's formula there cost 40% on a SiLU CNN (four nodes per SiLU where ORT fuses
   ``x * Sigmoid(x)`` into one QuickGelu, and broken NCHWc chains;
-  benchmarks/logistic_cost.md). Elsewhere (CUDA), eager's formulas: ORT's CUDA Sigmoid
-  computes ``1 - 1 / (1 + exp(x))`` for x <= 0, which in float16 is 0 below about -7.6
-  (eager 5e-4, past float16's tolerance), and its Elu ``exp(x) - 1`` in the input's dtype.
+  benchmarks/logistic_cost.md). float64 keeps eager's formulas (``KERNEL_DTYPES``), and
+  so does elu with an input_scale, which torch_lib's translation applies to both
+  branches. Elsewhere (CUDA), eager's formulas: ORT's CUDA Sigmoid computes
+  ``1 - 1 / (1 + exp(x))`` for x <= 0, which in float16 is 0 below about -7.6 (eager
+  5e-4, past float16's tolerance), and its Elu ``exp(x) - 1`` in the input's dtype.
   ``silu_backward`` (no torch_lib translation) is PyTorch's formula over ``sigmoid``.
+* ``glu`` and its backward: ``a * sigmoid(b)`` over eager's formula on every device: with
+  MLAS's logistic 0 below about -30, an infinite ``a`` became NaN.
 * ``softplus`` except ORT's CPU kernel, which is accurate (float64 has none and was 0 for
   softplus(-100), and float64/float16 overflowed to inf from about 700 / 89; ORT's CUDA
   Softplus computes ``log(exp(x) + 1)``): ``log1p(exp(x))``, eager's formula; ``mish``
   there likewise, whose translation has its own softplus.
 """
+
 from __future__ import annotations
 
 import math
