@@ -46,9 +46,7 @@ _LOGISTIC = (torch.ops.aten.sigmoid.default, torch.ops.aten.silu.default, torch.
 
 
 def _silu_backward_formula(grad, x):
-    aten = torch.ops.aten
-    s = decompositions_exponential.sigmoid(x)
-    return aten.mul.Tensor(aten.mul.Tensor(grad, s), aten.add.Scalar(aten.mul.Tensor(x, aten.rsub.Scalar(s, 1)), 1))
+    return decompositions_exponential.silu_backward_over(grad, x, decompositions_exponential.sigmoid(x))
 
 
 #: Eager's formulas on every device (what lort used on CPU before the precision policy).

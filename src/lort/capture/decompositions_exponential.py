@@ -106,7 +106,11 @@ def silu(x):
 def silu_backward(grad, x):
     """PyTorch's decomposition of silu_backward, over the sigmoid above (eager's formula
     off CPU, ORT's Sigmoid on CPU)."""
-    s = sigmoid(x) if x.device.type != "cpu" else aten.sigmoid.default(x)
+    return silu_backward_over(grad, x, sigmoid(x) if x.device.type != "cpu" else aten.sigmoid.default(x))
+
+
+def silu_backward_over(grad, x, s):
+    """silu_backward's formula given ``s = sigmoid(x)``: grad * s * (1 + x * (1 - s))."""
     return aten.mul.Tensor(aten.mul.Tensor(grad, s), aten.add.Scalar(aten.mul.Tensor(x, aten.rsub.Scalar(s, 1)), 1))
 
 
