@@ -430,3 +430,52 @@ def test_max_pool_keeps_orts_blocked_layout_between_convolutions():
     assert group.ort_optimizer.get("com.microsoft.nchwc:MaxPool") == 1, group.ort_optimizer
     assert group.ort_optimizer.get("com.microsoft.nchwc:Conv") == 3, group.ort_optimizer
     assert group.ort_optimizer.get("Add") == -1, group.ort_optimizer  # the one Add, removed
+
+
+class CachedBias(torch.nn.Module):
+    """Keeps tensors in plain attributes, as timm's LeViT caches its attention biases in a
+    dict attribute in eval mode: module state, not parameters or buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.cache = {"cpu": torch.randn(8)}
+        self.scale = torch.full((8,), 0.5)
+
+    def forward(self, x):
+        return self.fc(x) * self.scale + self.cache["cpu"]
+
+
+def test_tensors_a_module_keeps_in_attributes_are_frozen_and_their_changes_seen():
+    torch.manual_seed(0)
+    model, x = CachedBias().eval(), torch.randn(4, 8)
+    cm, backend = _compiled(model)
+    _check(cm, model, x)
+    (group,) = _groups(backend)
+    assert group.frozen_count == 4  # fc's weight and bias, the dict's tensor and the plain attribute
+    assert len(group._live) == 1  # the activation alone goes to ORT
+    # Each change is seen on the next call (two calls each: a change on every call
+    # leaves the weights as inputs, test_a_buffer_the_graph_updates...).
+    for change in (lambda: model.cache["cpu"].mul_(2), lambda: model.cache.update(cpu=torch.randn(8)),
+                   lambda: model.scale.fill_(3.0)):
+        change()
+        _check(cm, model, x)
+        _check(cm, model, x)
+    assert group.refreezes == 3 and group.frozen_count == 4
+
+
+def test_two_instances_of_a_model_keep_their_own_frozen_weights():
+    """One backend (as backend="lort" is) for two instances of a class: Dynamo would reuse
+    the first instance's graph for the second, whose weights then differed from the
+    frozen ones on every call (frozen again, then left as inputs). Each gets its graph."""
+    torch.manual_seed(0)
+    models = [Net().eval(), Net().eval()]
+    x = torch.randn(2, 3, 8, 8)
+    backend = LortBackend(OPTS)
+    compiled = [torch.compile(m, backend=backend) for m in models]
+    for _ in range(3):
+        for cm, model in zip(compiled, models):
+            _check(cm, model, x)
+    groups = _groups(backend)
+    assert len(backend.records) == 2 and len(groups) == 2
+    assert all(g.frozen_count == 8 and g.refreezes == 0 for g in groups)

@@ -87,6 +87,8 @@ class LortBackend:
         # weights go when the module whose weights it reads is collected.
         for owner in weights_mod.owners(gm):
             lifetime.release_with(owner, own)
+        if any(g.frozen_count for r in own for g in r.group_modules.values()):
+            weights_mod.guard_owner_identity(gm)
         if entries:
             # Opaque autograd.Function calls: their entries (non-tensor arguments) live as
             # long as the compiled callable.
