@@ -44,15 +44,42 @@ from whole_ort import whole_ort_step  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MODELS = ["efficientnet", "convnext", "mobilevit", "levit", "regnety", "mobilenetv3", "vit", "resnet50"]
 COLUMNS = ["eager", "whole", "whole_spin", "ortmodule", "ortmodule_spin", "compile", "compile_spin",
-           "om_session", "tc_session"]
+           "compile_filtered", "om_session", "tc_session", "tc_graph"]
 
 
 def _frozen_session(records):
-    """The frozen ORT session of a graph compiled into one group, or None."""
-    groups = [g for r in records for g in r.group_modules.values()]
+    """The frozen ORT session of the last graph compiled (the one every call runs, where
+    a first call changed what the next compile saw: timm LeViT fills a cache), when it
+    is one group, or None."""
+    records = [r for r in records if r.group_modules]
+    groups = list(records[-1].group_modules.values()) if records else []
     if len(groups) != 1 or len(groups[0]._frozen_sessions) != 1 or len(groups[0]._live) != 1:
         return None
     return next(iter(groups[0]._frozen_sessions.values()))
+
+
+def _graph_call(records, run):
+    """A call of lort's compiled graph (what AOTAutograd calls) with the arguments
+    Dynamo passes it, found by running ``run`` once; None where the last graph is not one
+    group."""
+    records = [r for r in records if r.group_modules]
+    if not records or records[-1].partitioned is None or len(records[-1].group_modules) != 1:
+        return None
+    part, (group,) = records[-1].partitioned, records[-1].group_modules.values()
+    placeholders = [n for n in part.graph.nodes if n.op == "placeholder"]
+    calls = [n for n in part.graph.nodes if n.op == "call_module"]
+    if len(calls) != 1 or not all(a in placeholders for a in calls[0].args):
+        return None  # PyTorch work before the group
+    seen, forward = {}, group.forward
+    group.forward = lambda *a: seen.setdefault("args", a) and forward(*a)
+    try:
+        run()
+    finally:
+        del group.forward
+    flat = [None] * len(placeholders)
+    for node, value in zip(calls[0].args, seen["args"]):
+        flat[placeholders.index(node)] = value
+    return lambda: part.forward(*flat)
 
 
 def steps_for(name: str, batch: int) -> tuple[dict, dict]:
@@ -86,7 +113,7 @@ def steps_for(name: str, batch: int) -> tuple[dict, dict]:
             with torch.no_grad():
                 return compiled(*args)
 
-        om_step(), om_step(), tc_step()
+        om_step(), om_step(), tc_step(), tc_step()
         steps["ortmodule_spin" if spin else "ortmodule"] = om_step
         steps["compile_spin" if spin else "compile"] = tc_step
         if not spin:
@@ -97,6 +124,21 @@ def steps_for(name: str, batch: int) -> tuple[dict, dict]:
                     missing[key] = "not one frozen group"
                 else:
                     steps[key] = lambda sess=sess: sess.run([x])
+            graph = _graph_call(backend.records, tc_step)
+            if graph is None:
+                missing["tc_graph"] = "not one group taking the graph's inputs"
+            else:
+                steps["tc_graph"] = graph
+            # What Dynamo's guards on the modules cost: skipped, as a user may choose to.
+            filtered = torch.compile(copy.deepcopy(model), backend=lort.LortBackend(opts),
+                                     options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+
+            def filtered_step(filtered=filtered):
+                with torch.no_grad():
+                    return filtered(*args)
+
+            filtered_step(), filtered_step()
+            steps["compile_filtered"] = filtered_step
     return steps, missing
 
 
@@ -113,20 +155,25 @@ def format_rows(rows: list) -> list[str]:
         "| model | batch | eager ms | whole ORT ms | ORTModule ms | torch.compile ms | ORTModule vs whole | "
         "torch.compile vs whole | whole ORT spin ms | ORTModule spin ms | torch.compile spin ms | "
         "ORTModule vs whole, spin | torch.compile vs whole, spin | ORTModule vs eager | torch.compile vs eager | "
-        "ORTModule's own ms | torch.compile's own ms |",
-        "|---|---:|" + "---:|" * 15,
+        "ORTModule's own ms | torch.compile's own ms | of which Dynamo's ms | of which lort's graph ms | "
+        "torch.compile, no module guards ms | no module guards vs whole |",
+        "|---|---:|" + "---:|" * 19,
     ]
     for name, batch, t, _ in rows:
         own_om = f"{(t['ortmodule'] - t['om_session']) * 1e3:.3f}" if "om_session" in t else "-"
         own_tc = f"{(t['compile'] - t['tc_session']) * 1e3:.3f}" if "tc_session" in t else "-"
+        dynamo = f"{(t['compile'] - t['tc_graph']) * 1e3:.3f}" if "tc_graph" in t else "-"
+        graph = f"{(t['tc_graph'] - t['tc_session']) * 1e3:.3f}" if "tc_graph" in t and "tc_session" in t else "-"
         lines.append(
             f"| {name} | {batch} | {_ms(t, 'eager')} | {_ms(t, 'whole')} | {_ms(t, 'ortmodule')} | {_ms(t, 'compile')} | "
             f"{_ratio(t, 'whole', 'ortmodule')} | {_ratio(t, 'whole', 'compile')} | {_ms(t, 'whole_spin')} | "
             f"{_ms(t, 'ortmodule_spin')} | {_ms(t, 'compile_spin')} | {_ratio(t, 'whole_spin', 'ortmodule_spin')} | "
             f"{_ratio(t, 'whole_spin', 'compile_spin')} | {_ratio(t, 'eager', 'ortmodule')} | {_ratio(t, 'eager', 'compile')} | "
-            f"{own_om} | {own_tc} |"
+            f"{own_om} | {own_tc} | {dynamo} | {graph} | {_ms(t, 'compile_filtered')} | "
+            f"{_ratio(t, 'whole', 'compile_filtered')} |"
         )
-    for key, label in (("ortmodule", "ORTModule"), ("compile", "torch.compile")):
+    for key, label in (("ortmodule", "ORTModule"), ("compile", "torch.compile"),
+                       ("compile_filtered", "torch.compile without module guards")):
         for spin in ("", "_spin"):
             pairs = [t["whole" + spin] / t[key + spin] for _, _, t, _ in rows if "whole" + spin in t and key + spin in t]
             if pairs:
