@@ -69,14 +69,6 @@ class Tuner:
     #: the run with every thread far more than the one on one thread.
     thread_budget_s: float = 0.1
     thread_max_samples: int = 200
-    #: Where one thread still wins after that and the run takes at least
-    #: ``thread_confirm_min_s`` on every thread, the counts are timed again after a pause
-    #: of ``thread_confirm_pause_s`` (the fastest of both rounds kept): a spell of load
-    #: longer than the budget pinned MobileViT's 6 ms group to one thread in 1 of 3
-    #: compiles (benchmarks/engine_limit.md). Shorter runs gain little from threads and are
-    #: not timed again.
-    thread_confirm_min_s: float = 0.001
-    thread_confirm_pause_s: float = 0.05
     #: Whole-graph timing budget per candidate, in seconds, and samples per candidate.
     graph_budget_s: float = 0.3
     graph_min_samples: int = 3
@@ -105,9 +97,7 @@ class Tuner:
             return threads, {}
         times = self.time_sessions(model_bytes, device, options, (threads, 1), feeds,
                                    settled=lambda best: not self._one_thread_wins(best, threads),
-                                   built=None if built is None else {threads: built},
-                                   confirm=lambda best: self._one_thread_wins(best, threads)
-                                   and best[threads] >= self.thread_confirm_min_s)
+                                   built=None if built is None else {threads: built})
         return (1 if self._one_thread_wins(times, threads) else threads), times
 
     def _one_thread_wins(self, times: dict[int, float | None], threads: int) -> bool:
@@ -175,7 +165,7 @@ class Tuner:
     def time_sessions(
         self, model_bytes, device: torch.device, options: Options, counts: tuple[int, ...], feeds: list,
         warmup: int = 2, samples: int = 7, settled: Callable[[dict], bool] | None = None,
-        built: dict | None = None, confirm: Callable[[dict], bool] | None = None,
+        built: dict | None = None,
     ) -> dict[int, float | None]:
         """Seconds of a run of a throwaway session per thread count in ``counts``, on
         NumPy ``feeds``: the fastest of samples taken round-robin (drift in the machine's
@@ -186,8 +176,6 @@ class Tuner:
         every thread more than the one on one, so it hides that more than it fakes it).
         A first count whose run takes longer than
         ``parallel_work_s`` is the only one timed (enough work to use every thread).
-        Where ``confirm(best)`` holds at the end, every count is timed for another
-        ``samples`` rounds after a pause of ``thread_confirm_pause_s``.
         None for a count that cannot be measured (not CPU, or a run raises). Raises
         SessionCreationError."""
         if device.type != "cpu":
@@ -204,13 +192,18 @@ class Tuner:
         for i in range(warmup + max(samples, self.thread_max_samples)):
             if i >= warmup + samples and (spent >= self.thread_budget_s or (settled is not None and settled(best))):
                 break
-            spent += _sample_round(runs, best, i >= warmup)
+            for n, run in runs.items():
+                if best[n] is None:
+                    continue
+                elapsed = _seconds(run)
+                if elapsed is None:
+                    best[n] = None
+                    continue
+                spent += elapsed
+                if i >= warmup:
+                    best[n] = min(best[n], elapsed)
             if all(b is None for b in best.values()):
-                return best
-        if confirm is not None and confirm(best):
-            time.sleep(self.thread_confirm_pause_s)
-            for i in range(warmup + samples):
-                _sample_round(runs, best, i >= warmup)
+                break
         return best
 
     def time_group_session(self, sess: GroupSession, feeds: list, device: torch.device) -> float | None:
@@ -283,23 +276,6 @@ def _session_run(model_bytes, device: torch.device, options: Options, threads: i
         session = create_session(model_bytes, device, options, "timing", threads, count=False)
     named = {i.name: f for i, f in zip(session.get_inputs(), feeds)}
     return lambda: session.run(None, named)
-
-
-def _sample_round(runs: dict, best: dict, keep: bool) -> float:
-    """One run of each count not yet failed, its time kept in ``best`` (the fastest)
-    where ``keep``, None for a count whose run raised; the seconds the runs took."""
-    spent = 0.0
-    for n, run in runs.items():
-        if best[n] is None:
-            continue
-        elapsed = _seconds(run)
-        if elapsed is None:
-            best[n] = None
-            continue
-        spent += elapsed
-        if keep:
-            best[n] = min(best[n], elapsed)
-    return spent
 
 
 def _seconds(run: Callable) -> float | None:
