@@ -47,12 +47,18 @@ COLUMNS = ["eager", "whole", "whole_spin", "ortmodule", "ortmodule_spin", "compi
            "compile_filtered", "om_session", "tc_session", "tc_graph"]
 
 
-def _frozen_session(records):
-    """The frozen ORT session of the last graph compiled (the one every call runs, where
-    a first call changed what the next compile saw: timm LeViT fills a cache), when it
-    is one group, or None."""
+def _last_graph(records):
+    """The record of the last graph compiled with ORT groups (the one every call runs,
+    where a first call changed what the next compile saw: timm LeViT fills a cache), or
+    None."""
     records = [r for r in records if r.group_modules]
-    groups = list(records[-1].group_modules.values()) if records else []
+    return records[-1] if records else None
+
+
+def _frozen_session(records):
+    """The frozen ORT session of the last graph compiled, when it is one group, or None."""
+    last = _last_graph(records)
+    groups = list(last.group_modules.values()) if last else []
     if len(groups) != 1 or len(groups[0]._frozen_sessions) != 1 or len(groups[0]._live) != 1:
         return None
     return next(iter(groups[0]._frozen_sessions.values()))
@@ -62,10 +68,10 @@ def _graph_call(records, run):
     """A call of lort's compiled graph (what AOTAutograd calls) with the arguments
     Dynamo passes it, found by running ``run`` once; None where the last graph is not one
     group."""
-    records = [r for r in records if r.group_modules]
-    if not records or records[-1].partitioned is None or len(records[-1].group_modules) != 1:
+    last = _last_graph(records)
+    if last is None or last.partitioned is None or len(last.group_modules) != 1:
         return None
-    part, (group,) = records[-1].partitioned, records[-1].group_modules.values()
+    part, (group,) = last.partitioned, last.group_modules.values()
     placeholders = [n for n in part.graph.nodes if n.op == "placeholder"]
     calls = [n for n in part.graph.nodes if n.op == "call_module"]
     if len(calls) != 1 or not all(a in placeholders for a in calls[0].args):

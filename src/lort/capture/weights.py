@@ -10,6 +10,8 @@ import torch.fx
 
 _ATTR = re.compile(r"\._(parameters|buffers)\['([^']+)'\]|\._modules\['([^']+)'\]|\.([A-Za-z_][A-Za-z0-9_]*)"
                    r"|\['([^']+)'\]|\[(\d+)\]")
+#: The frame local a source starts from.
+_ROOT = re.compile(r"^L\['([A-Za-z_][A-Za-z0-9_]*)'\]")
 #: A source that reads a frame local through attributes, dict keys and indices only.
 _CHAIN = re.compile(r"^L\['([A-Za-z_][A-Za-z0-9_]*)'\](?:\.[A-Za-z_][A-Za-z0-9_]*|\['[^']*'\]|\[\d+\])+$")
 
@@ -25,34 +27,59 @@ def module_weights(gm: torch.fx.GraphModule, example_inputs: list) -> dict[int, 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
         return {}
-    modules = _module_locals()
+    modules = {k for k, v in _frame_locals().items() if isinstance(v, torch.nn.Module)}
     out = {}
     for i, (node, value) in enumerate(zip(placeholders, example_inputs)):
         if not isinstance(value, torch.Tensor) or value.requires_grad and not isinstance(value, torch.nn.Parameter):
             continue
-        grapharg = node.meta.get("grapharg")
-        source = getattr(getattr(grapharg, "source", None), "name", None)
-        source = source() if callable(source) else source
-        if not isinstance(source, str):
+        source = _source(node)
+        if source is None:
             continue
-        if "._parameters[" in source or "._buffers[" in source or isinstance(value, torch.nn.Parameter):
+        if _is_registered(source) or isinstance(value, torch.nn.Parameter):
             out[i] = readable(source)
         elif not value.requires_grad and (m := _CHAIN.match(source)) is not None and m.group(1) in modules:
             out[i] = readable(source)
     return out
 
 
-def _module_locals() -> set[str]:
-    """Names of the frame locals Dynamo is compiling that are modules (call this from
-    the backend); empty where the frame cannot be found."""
+def _frame_locals() -> dict:
+    """The locals of the frame Dynamo is compiling (call this from the backend); empty
+    where it cannot be found (a Dynamo without this API: nothing is tied to a module)."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
         tx = InstructionTranslator.current_tx()
-        f_locals = tx.f_locals if tx is not None else {}
-    except Exception:  # noqa: BLE001 - a Dynamo without this: only parameters and buffers
-        return set()
-    return {k for k, v in f_locals.items() if isinstance(v, torch.nn.Module)}
+        return dict(tx.f_locals) if tx is not None else {}
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def _source(node: torch.fx.Node) -> str | None:
+    """Where Dynamo reads the graph input ``node`` from ("L['self']._modules['fc']..."),
+    or None."""
+    source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+    source = source() if callable(source) else source
+    return source if isinstance(source, str) else None
+
+
+def _is_registered(source: str) -> bool:
+    """Whether ``source`` reads a module's parameter or registered buffer."""
+    return "._parameters[" in source or "._buffers[" in source
+
+
+def _module_roots(gm: torch.fx.GraphModule, registered_only: bool) -> dict[str, torch.nn.Module]:
+    """Frame local name -> module, for the modules the graph's inputs are read from
+    (only through their parameters and buffers where ``registered_only``)."""
+    f_locals, roots = _frame_locals(), {}
+    for node in gm.graph.nodes:
+        source = _source(node) if node.op == "placeholder" else None
+        if source is None or registered_only and not _is_registered(source):
+            continue
+        match = _ROOT.match(source)
+        obj = f_locals.get(match.group(1)) if match else None
+        if isinstance(obj, torch.nn.Module):
+            roots[match.group(1)] = obj
+    return roots
 
 
 def readable(source: str) -> str:
@@ -64,34 +91,13 @@ def readable(source: str) -> str:
     return ".".join(parts) or source
 
 
-_ROOT = re.compile(r"^L\['([A-Za-z_][A-Za-z0-9_]*)'\]")
-
 
 def owners(gm: torch.fx.GraphModule) -> list:
     """The objects whose weights the Dynamo graph ``gm`` reads: the frame's locals its
     weight inputs come from (``L['self']`` for a module's ``forward``, ``L['fn']`` for a
     module compiled by ``torch.compile(module)``), looked up in the frame Dynamo is
     compiling (call this from the backend). Empty where they cannot be found."""
-    try:
-        from torch._dynamo.symbolic_convert import InstructionTranslator
-
-        tx = InstructionTranslator.current_tx()
-        f_locals = tx.f_locals if tx is not None else {}
-    except Exception:  # noqa: BLE001 - a Dynamo without this: no owner, nothing tied to one
-        return []
-    roots = {}
-    for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
-        source = source() if callable(source) else source
-        if not isinstance(source, str) or not ("._parameters[" in source or "._buffers[" in source):
-            continue
-        match = _ROOT.match(source)
-        obj = f_locals.get(match.group(1)) if match else None
-        if isinstance(obj, torch.nn.Module):
-            roots[id(obj)] = obj
-    return list(roots.values())
+    return list({id(m): m for m in _module_roots(gm, registered_only=True).values()}.values())
 
 
 def guard_owner_identity(gm: torch.fx.GraphModule) -> bool:
@@ -107,23 +113,12 @@ def guard_owner_identity(gm: torch.fx.GraphModule) -> bool:
     the weights as inputs. Dynamo counts its recompile limit per ID_MATCH'd module, and
     drops the entry when the module is collected. False where this Dynamo has no such
     guard (the weight check then still sees the other instance's weights)."""
+    names = sorted(_module_roots(gm, registered_only=False))
     try:
         from torch._dynamo.guards import GuardBuilder, install_guard
         from torch._dynamo.source import LocalSource
-        from torch._dynamo.symbolic_convert import InstructionTranslator
 
-        tx = InstructionTranslator.current_tx()
-        f_locals = tx.f_locals if tx is not None else {}
-        names = set()
-        for node in gm.graph.nodes:
-            if node.op != "placeholder":
-                continue
-            source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
-            source = source() if callable(source) else source
-            match = _ROOT.match(source) if isinstance(source, str) else None
-            if match and isinstance(f_locals.get(match.group(1)), torch.nn.Module):
-                names.add(match.group(1))
-        for name in sorted(names):
+        for name in names:
             install_guard(LocalSource(name).make_guard(GuardBuilder.ID_MATCH))
     except Exception:  # noqa: BLE001 - a Dynamo without these internals: no guard added
         return False
