@@ -13,13 +13,18 @@
 #   then one device `run` call per line (carry = the folder named; each well under a minute):
 #     carry [".gpu/c0"]    bash benchmarks/gpu_run.sh piece .gpu/c0
 #     ...                  (every .gpu/cK in order)
-#     carry [".gpu/last"]  bash benchmarks/gpu_run.sh install tests        # ~1 + 5-8 minutes
+#     carry [".gpu/last"]  bash benchmarks/gpu_run.sh install tests diagnose   # ~1 + 2 + 1 minutes (H200)
 #     (no carry)           MODELS=bert,gpt2 bash benchmarks/gpu_run.sh bench
 #     (no carry)           MODELS=llama,vit_s16 bash benchmarks/gpu_run.sh bench
 #     (no carry)           MODELS=resnet50 bash benchmarks/gpu_run.sh bench
 #     (no carry)           bash benchmarks/gpu_run.sh memory
 # (timeout_s 600 for each; a bench call that stops at BENCH_TIMEOUT keeps its finished rows:
 # rerun what is missing with MODELS=... SCENARIOS=...)
+# Seen on an H200 (2026-11-26), with 15 minutes of device time for the whole session: the
+# start and each piece well under a minute together, install about 40 s, tests 75 s (8
+# workers), bench for bert,resnet50 with --profile over 230 s (resnet50 train32 not
+# reached), memory for bert 46 s. So: pieces, `install tests diagnose`, then bench and
+# memory for the models most wanted, each call right after the last.
 #
 # Each call must follow the last within the machine's warm time (30 s idle) or the machine is
 # a fresh one: /tmp/site is gone and the pieces must be sent again ("install" says so).
@@ -43,6 +48,8 @@
 #             GPU time goes, for the note on cases slower than inductor); BENCH_TIMEOUT seconds (540)
 #   memory    benchmarks/cuda_memory.py for MODELS with BACKENDS (default eager,lort),
 #             LORT_OPTIONS (JSON) for lort; MEMORY_TIMEOUT seconds (default 540)
+#   diagnose  benchmarks/cuda_diagnose.py: the failures the last GPU run left open
+#             (DIAGNOSE_TIMEOUT seconds each, default 240)
 set -uo pipefail
 cd "$(git rev-parse --show-toplevel 2>/dev/null || pwd)"
 OUT=${OUT:-/tmp/lort_out}
@@ -57,6 +64,20 @@ need_site() {
     exit 3
   fi
   export PYTHONPATH=/tmp/site:$PWD/src
+  # lort runs from src/ there, not installed: its torch_dynamo_backends entry points
+  # (backend="lort", "onnxrt") need a dist-info of their own, written from pyproject.toml.
+  if [ ! -f /tmp/site/lort-0.dist-info/entry_points.txt ]; then
+    mkdir -p /tmp/site/lort-0.dist-info
+    printf 'Metadata-Version: 2.1\nName: lort\nVersion: 0\n' > /tmp/site/lort-0.dist-info/METADATA
+    python3 - > /tmp/site/lort-0.dist-info/entry_points.txt <<'PY'
+import tomllib
+eps = tomllib.load(open("pyproject.toml", "rb"))["project"]["entry-points"]
+for group, names in eps.items():
+    print(f"[{group}]")
+    for name, target in names.items():
+        print(f"{name} = {target}")
+PY
+  fi
 }
 
 step_plan() {
@@ -74,7 +95,7 @@ step_plan() {
   for d in .gpu/c*; do
     echo "  carry [\"$d\"]  command: bash benchmarks/gpu_run.sh piece $d"
   done
-  echo "  carry [\".gpu/last\"]  command: bash benchmarks/gpu_run.sh install tests"
+  echo "  carry [\".gpu/last\"]  command: bash benchmarks/gpu_run.sh install tests diagnose"
   echo "  command: MODELS=bert,gpt2 bash benchmarks/gpu_run.sh bench"
   echo "  command: MODELS=llama,vit_s16 bash benchmarks/gpu_run.sh bench"
   echo "  command: MODELS=resnet50 bash benchmarks/gpu_run.sh bench"
@@ -128,6 +149,16 @@ step_bench() {
   cp "$ROWS"/results_cuda.* "$OUT/" 2>/dev/null || true
 }
 
+step_diagnose() {
+  need_site
+  # What tests/test_cuda.py left open on the H200 (2026-11-26): printed, stderr included.
+  { timeout -s INT "${DIAGNOSE_TIMEOUT:-240}" python3 benchmarks/cuda_diagnose.py precision
+    echo "precision exit status $?"
+    timeout -s INT "${DIAGNOSE_TIMEOUT:-240}" python3 benchmarks/cuda_diagnose.py release
+    echo "release exit status $? (134: aborted)"
+  } 2>&1 | grep -v "No registered plugin EP device" | tee "$OUT/diagnose.log"
+}
+
 step_memory() {
   need_site
   mkdir -p "$ROWS"
@@ -150,7 +181,8 @@ while [ $# -gt 0 ]; do
     tests) step_tests ;;
     bench) step_bench ;;
     memory) step_memory ;;
-    *) echo "unknown step $1 (plan, piece DIR, install, info, tests, bench, memory)" >&2; exit 2 ;;
+    diagnose) step_diagnose ;;
+    *) echo "unknown step $1 (plan, piece DIR, install, info, tests, bench, memory, diagnose)" >&2; exit 2 ;;
   esac
   shift
 done

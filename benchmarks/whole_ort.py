@@ -30,9 +30,11 @@ import statistics
 import tempfile
 from typing import Callable
 
+import onnx
 import onnxruntime as ort
 import torch
 
+from lort.runtime import cuda
 from lort.testing.models import output_tensor
 
 _ELEMENT_TYPES = {
@@ -77,6 +79,16 @@ def export_bytes(model: torch.nn.Module, args: tuple) -> bytes:
         return program.model_proto.SerializeToString()
 
 
+def _tf32_kinds(model_bytes: bytes) -> frozenset:
+    ops = {n.op_type for n in onnx.load_from_string(model_bytes).graph.node}
+    kinds = set()
+    if ops & {"Conv", "ConvTranspose"}:
+        kinds.add(cuda.CUDNN)
+    if ops & {"MatMul", "Gemm", "Einsum"}:
+        kinds.add(cuda.MATMUL)
+    return frozenset(kinds)
+
+
 def make_session(model_bytes: bytes, device: str = "cpu", spinning: bool = False) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -89,9 +101,9 @@ def make_session(model_bytes: bytes, device: str = "cpu", spinning: bool = False
     if torch.device(device).type == "cuda":
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
-        # TF32 as PyTorch's flags say, as lort decides it (lort/runtime/cuda.py: tf32_enabled).
-        matmul = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
-        tf32 = "1" if matmul and torch.backends.cudnn.allow_tf32 else "0"
+        # TF32 as PyTorch's flags say for the kinds of work the model has, as lort decides
+        # it for a group (lort/runtime/cuda.py: tf32_enabled).
+        tf32 = "1" if cuda.tf32_enabled(_tf32_kinds(model_bytes)) else "0"
         providers = [("CUDAExecutionProvider", {"device_id": str(index), "use_tf32": tf32})]
     else:
         providers = ["CPUExecutionProvider"]

@@ -18,9 +18,9 @@ Tolerances.
   eager autocast's own error (so the budget is a float16 or bfloat16 one); and a
   training run compared with eager autocast at the tolerances of PyTorch's own AMP
   training test (``_grad_scaling_autocast_test`` in test/test_cuda.py: atol 1e-3,
-  rtol 1e-5 on gradients and parameters, float16). For bfloat16, which that test does not
-  cover, rtol is PyTorch's bfloat16 precision (1.6e-2, torch.testing's default for the
-  dtype) with the same atol.
+  rtol 1e-5 on gradients and parameters, float16). bfloat16, which that test does not
+  cover: against a float64 run of the same steps, within the budget of eager bfloat16's
+  own error, as above.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ from test_models import (  # noqa: E402
 
 import lort  # noqa: E402
 from lort import LortBackend  # noqa: E402
+from lort.reasons import ReasonKind  # noqa: E402
 from lort.testing.models import CASES, MLP, output_tensor  # noqa: E402
 from lort.translate import onnx_export  # noqa: E402
 
@@ -78,7 +79,6 @@ FP32_RTOL = 1e-5
 TF32_PRECISION = 5e-3
 #: PyTorch's AMP training test (test/test_cuda.py, _grad_scaling_autocast_test).
 AMP_ATOL, AMP_RTOL = 1e-3, 1e-5
-BF16_RTOL = 1.6e-2
 #: The race: how many calls, each right after LONG_MATMULS products of SIZE x SIZE
 #: float32 matrices (a few milliseconds of GPU work queued before the call).
 RACE_CALLS = 20
@@ -126,8 +126,25 @@ def test_inference_matches_eager(name):
     check_inference(name, DEVICE)
 
 
+@pytest.fixture
+def float32_precision():
+    """TF32 off for matmuls and cuDNN, as float32 comparisons need: with cuDNN's TF32 on
+    (PyTorch's default), eager's and ORT's convolutions each round their inputs to TF32
+    by their own algorithms, and 20 AdamW steps of resnet18 drifted 0.4% apart (H200).
+    TF32 has tests of its own below."""
+    saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.allow_tf32)
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.set_float32_matmul_precision(saved[0])
+    torch.backends.cuda.matmul.allow_tf32 = saved[1]
+    torch.backends.cudnn.allow_tf32 = saved[2]
+
+
 @pytest.mark.parametrize("name", MODELS)
-def test_training_20_adamw_steps_match_eager(name):
+def test_training_20_adamw_steps_match_eager(name, float32_precision):
     check_training_steps(name, DEVICE)
 
 
@@ -331,8 +348,19 @@ AMP_DTYPES = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], i
 
 
 def _assert_ran_in_ort(backend: LortBackend, runs_before: int, dtype) -> None:
+    """Something ran in ORT, and every matmul and convolution did, except bfloat16
+    convolutions: ONNX's Conv takes no bfloat16 (ORT refused such a model on an H200),
+    so they stay in PyTorch with that reason, found before any session build."""
     assert lort.stats.ort_runs > runs_before, "nothing ran in ORT"
-    left = [(op, why) for r in backend.records for op, why in r.fallbacks if op in MATMUL_OPS]
+    left = []
+    for r in backend.records:
+        for op, why in r.fallbacks:
+            if op not in MATMUL_OPS:
+                continue
+            if (dtype == torch.bfloat16 and op == "aten.convolution.default"
+                    and why.kind == ReasonKind.NO_KERNEL and "ONNX's Conv" in str(why)):
+                continue
+            left.append((op, why))
     assert not left, f"{dtype} matmuls or convolutions left in PyTorch: {left[:4]}"
 
 
@@ -379,15 +407,20 @@ def test_autocast_inference_matches_eager_autocast(name, dtype):
 def test_autocast_training_steps_as_in_pytorch_amp_test(dtype):
     """As PyTorch's own AMP training test: a few optimizer steps under autocast (float16
     with a GradScaler, bfloat16 without), then every gradient and parameter against
-    eager's at that test's tolerances."""
+    eager's. float16 at that test's tolerances. bfloat16, which that test does not cover,
+    against a float64 run of the same steps, within the budget of eager bfloat16's own
+    error (tests/test_models.py's rule): a gradient here is a bfloat16 matmul's output,
+    and where its rows cancel, one rounding of an addend moves it by more than atol
+    1e-3 + rtol 1.6e-2 of its size (5 of 65,536 elements of one weight's gradient, lort
+    against eager, on an H200)."""
     torch.manual_seed(9)
     model = MLP().to(DEVICE)
     lort_model = copy.deepcopy(model)
+    ref_model = copy.deepcopy(model).double()
     backend = LortBackend()
     cm = torch.compile(lort_model, backend=backend)
     g = torch.Generator(device=DEVICE).manual_seed(3)
     data = [torch.randn(8, 64, device=DEVICE, generator=g) for _ in range(5)]
-    rtol = AMP_RTOL if dtype == torch.float16 else BF16_RTOL
     runs = lort.stats.ort_runs
     states = []
     for m, params in ((model, model.parameters()), (cm, lort_model.parameters())):
@@ -402,9 +435,20 @@ def test_autocast_training_steps_as_in_pytorch_amp_test(dtype):
             scaler.update()
         states.append(scaler.get_scale() if scaler.is_enabled() else None)
     assert states[0] == states[1], f"the scaler skipped different steps: {states}"
-    for (pname, p_e), p_l in zip(model.named_parameters(), lort_model.parameters()):
-        torch.testing.assert_close(p_l.grad, p_e.grad, atol=AMP_ATOL, rtol=rtol, msg=lambda m: f"grad {pname}: {m}")
-        torch.testing.assert_close(p_l, p_e, atol=AMP_ATOL, rtol=rtol, msg=lambda m: f"param {pname}: {m}")
+    if dtype == torch.float16:
+        for (pname, p_e), p_l in zip(model.named_parameters(), lort_model.parameters()):
+            torch.testing.assert_close(p_l.grad, p_e.grad, atol=AMP_ATOL, rtol=AMP_RTOL,
+                                       msg=lambda m: f"grad {pname}: {m}")
+            torch.testing.assert_close(p_l, p_e, atol=AMP_ATOL, rtol=AMP_RTOL, msg=lambda m: f"param {pname}: {m}")
+    else:
+        opt = torch.optim.SGD(ref_model.parameters(), lr=0.05)
+        for x in data:
+            opt.zero_grad()
+            _ref_loss(ref_model(x.double())).backward()
+            opt.step()
+        for (pname, p_e), p_l, p_r in zip(model.named_parameters(), lort_model.parameters(), ref_model.parameters()):
+            assert_close_to_reference(p_l.grad, p_e.grad, p_r.grad, f"bfloat16 grad {pname}")
+            assert_close_to_reference(p_l, p_e, p_r, f"bfloat16 param {pname}")
     _assert_ran_in_ort(backend, runs, dtype)
 
 

@@ -111,7 +111,7 @@ class GroupCompiler:
         # The ONNX model's inputs (physical layouts): sessions and ORT timing use these.
         metas = [n.meta.get("val") for n in phys_gm.graph.nodes if n.op == "placeholder"]
         fields = dict(name=name, gm=gm, where=_where(gm, where), device=device, boundary=b, prepare_times=times)
-        tf32 = device.type == "cuda" and cuda.tf32_enabled()
+        tf32 = device.type == "cuda" and cuda.tf32_enabled(cuda.tf32_kinds(gm))
         key = spec_key(metas, b.dynamic, device.type == "cuda", tf32)
         # A frozen group's entry holds its plain model (weights as inputs) and choices:
         # a warm compile freezes the current weights into it.

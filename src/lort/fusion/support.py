@@ -12,9 +12,14 @@ group later fails to translate or to build an ORT session gets ``translation_fai
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import operator
+import subprocess
+import sys
 from typing import Any
 
+import onnx
 import torch
 import torch.fx
 
@@ -23,6 +28,8 @@ from ..runtime import providers
 from ..runtime.dtypes import CUDA_ONLY_DTYPES, SUPPORTED_DTYPES, TABLE
 from ..translate import _compat, registry
 from . import known_wrong
+
+logger = logging.getLogger("lort")
 
 #: Ops that need no translation and are handled by the fuser: tuple indexing.
 _GETITEM = operator.getitem
@@ -122,26 +129,57 @@ _ORT_OP_OF = {
 _FIRST_INPUT_CONSTRAINTS = ("T", "T1")
 
 
+_READ_KERNEL_DEFS = """
+import json
+from onnxruntime.capi import _pybind_state
+print(json.dumps([(k.op_name, k.domain, k.provider, list(k.version_range), dict(k.type_constraints))
+                  for k in _pybind_state.get_all_opkernel_def()]))
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel_defs() -> list | None:
+    """ORT's kernel registry as (op, domain, provider, (low, high), type constraints) rows,
+    or None when it cannot be read. With the CPU build it is read in this process. With a
+    GPU build (onnxruntime-gpu 1.31.1 beside torch 2.11 CUDA on an H200),
+    ``get_all_opkernel_def()`` crashed the process (a segmentation fault): there it is read
+    in a child process, and a crash there only costs the registry (the session build
+    decides)."""
+    try:
+        import onnxruntime
+
+        if set(onnxruntime.get_available_providers()) <= {"CPUExecutionProvider"}:
+            from onnxruntime.capi import _pybind_state
+
+            return [(k.op_name, k.domain, k.provider, tuple(k.version_range), dict(k.type_constraints))
+                    for k in _pybind_state.get_all_opkernel_def()]
+        done = subprocess.run([sys.executable, "-c", _READ_KERNEL_DEFS], capture_output=True, text=True,
+                              timeout=120, check=False)
+        if done.returncode != 0:
+            logger.info("lort: ORT's kernel registry could not be read (a child process exited with %s: %s); "
+                        "session builds decide which kernels exist", done.returncode, done.stderr[-500:])
+            return None
+        return [(op, domain, prov, tuple(rng), cons) for op, domain, prov, rng, cons in json.loads(done.stdout)]
+    except Exception as e:  # noqa: BLE001 - a private ORT API; without it the session build decides
+        logger.info("lort: ORT's kernel registry could not be read (%r); session builds decide", e)
+        return None
+
+
 @functools.lru_cache(maxsize=None)
 def _ort_kernel_types(op_type: str, provider: str, opset: int = _compat.OPSET) -> frozenset | None:
     """The tensor types of the first input that ORT's ``provider`` has a kernel of ONNX
     ``op_type`` for, at the version ``opset`` selects (the constraint named ``T`` or
     ``T1``; all of them for an operator with neither), or None when ORT's kernel registry
     cannot be read. MaxPool's int64 ``I`` (its indices) is not an input type."""
-    try:
-        from onnxruntime.capi import _pybind_state
-
-        kernels = _pybind_state.get_all_opkernel_def()
-    except Exception:  # noqa: BLE001 - a private ORT API; without it the session build decides
+    kernels = _kernel_defs()
+    if kernels is None:
         return None
     types: set = set()
-    for k in kernels:
-        low, high = k.version_range
-        if k.op_name != op_type or k.domain not in ("", "ai.onnx") or k.provider != provider:
+    for op_name, domain, kernel_provider, (low, high), constraints in kernels:
+        if op_name != op_type or domain not in ("", "ai.onnx") or kernel_provider != provider:
             continue
         if not low <= opset <= high:
             continue
-        constraints = dict(k.type_constraints)
         first = next((n for n in _FIRST_INPUT_CONSTRAINTS if n in constraints), None)
         for name, allowed in constraints.items():
             if first is None or name == first:
@@ -149,14 +187,31 @@ def _ort_kernel_types(op_type: str, provider: str, opset: int = _compat.OPSET) -
     return frozenset(types)
 
 
+@functools.lru_cache(maxsize=None)
+def onnx_allows(op_type: str, dtype: torch.dtype, opset: int = _compat.OPSET) -> bool:
+    """Whether ONNX's schema of ``op_type`` (default domain, at ``opset``) takes ``dtype``
+    as its first input; True for an operator ONNX has no schema of. No provider has a
+    kernel the schema refuses (ONNX's Conv and MaxPool take no bfloat16: ORT refuses such
+    a model at the session build, as it did on an H200 under autocast)."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, "")
+    except Exception:  # noqa: BLE001 - onnx.defs.SchemaError: not an ONNX operator
+        return True
+    first = schema.inputs[0].type_str if schema.inputs else ""
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}.get(first, {first})
+    return dtype in TABLE and TABLE[dtype].ort_name in allowed
+
+
 def ort_has_kernel(op_type: str, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether ORT's provider for ``device`` has a kernel of ONNX ``op_type`` for
-    ``dtype`` (its first input's type), at lort's opset; True where the registry cannot
-    be read (the session build decides). The decompositions ask it where they rewrite an
-    op over kernels ORT has."""
+    ``dtype`` (its first input's type), at lort's opset: never where ONNX's schema refuses
+    the type; else True where the registry cannot be read (the session build decides).
+    The decompositions ask it where they rewrite an op over kernels ORT has."""
+    if not onnx_allows(op_type, dtype):
+        return False
     provider = "CUDAExecutionProvider" if device.type == "cuda" else "CPUExecutionProvider"
     types = _ort_kernel_types(op_type, provider)
-    return not types or (TABLE[dtype].ort_name if dtype in SUPPORTED_DTYPES else "") in types
+    return not types or (TABLE[dtype].ort_name if dtype in TABLE else "") in types
 
 
 def _ort_dtype_reason(node: torch.fx.Node) -> Reason | None:
@@ -169,6 +224,9 @@ def _ort_dtype_reason(node: torch.fx.Node) -> Reason | None:
         return None
     if ort_has_kernel(op_type, val.dtype, val.device):
         return None
+    if not onnx_allows(op_type, val.dtype):
+        return Reason(ReasonKind.NO_KERNEL, f"ONNX's {op_type} (opset {_compat.OPSET}) takes no {val.dtype} "
+                                            f"(its translation needs one)")
     provider = "CUDAExecutionProvider" if val.device.type == "cuda" else "CPUExecutionProvider"
     return Reason(ReasonKind.NO_KERNEL, f"ORT's {provider} has no {op_type} kernel for {val.dtype} (its translation needs one)")
 

@@ -17,11 +17,15 @@ reused only by work ordered on the stream that allocated it, and that stream wai
 lort's stream after every run.
 
 TF32. ORT's CUDA provider uses TF32 for float32 GEMMs and convolutions unless told not
-to (``use_tf32``), where PyTorch does not by default for matmuls. ORT has one switch for
-both, so lort turns it on only where PyTorch allows TF32 for matmuls
-(``torch.backends.cuda.matmul.allow_tf32`` or ``torch.set_float32_matmul_precision``
-"high"/"medium") and for cuDNN (``torch.backends.cudnn.allow_tf32``). The flag is part
-of a session's key: changing PyTorch's setting builds (or reuses) the matching session.
+to (``use_tf32``), where PyTorch does not by default for matmuls. PyTorch has a flag for
+each (``torch.backends.cuda.matmul.allow_tf32`` or ``torch.set_float32_matmul_precision``
+"high"/"medium" for matmuls, ``torch.backends.cudnn.allow_tf32`` for convolutions, on by
+default); ORT has one switch for a session. So a group's session uses TF32 where PyTorch
+allows it for every kind of TF32 work the group has (``tf32_kinds``): a group of
+convolutions alone follows the cuDNN flag (PyTorch's defaults: TF32, as eager's
+convolutions), one of matmuls alone the matmul flag, one with both needs both, and one
+with neither never uses it. The flag is part of a session's key: changing PyTorch's
+setting builds (or reuses) the matching session.
 """
 
 from __future__ import annotations
@@ -49,10 +53,43 @@ def lort_stream(index: int) -> "torch.cuda.Stream":
     return stream
 
 
-def tf32_enabled() -> bool:
-    """Whether PyTorch lets float32 matmuls and convolutions use TF32 right now."""
-    matmul = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
-    return bool(matmul and torch.backends.cudnn.allow_tf32)
+#: ATen ops whose float32 work ORT runs as cuDNN convolutions, and as cuBLAS GEMMs.
+_CONVOLUTIONS = frozenset({"aten::convolution", "aten::convolution_backward", "aten::_convolution",
+                           "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::conv_transpose1d",
+                           "aten::conv_transpose2d", "aten::conv_transpose3d"})
+_MATMULS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::matmul",
+                      "aten::linear", "aten::mv", "aten::addmv", "aten::dot", "aten::vdot", "aten::einsum",
+                      "aten::tensordot", "aten::_scaled_dot_product_flash_attention",
+                      "aten::_scaled_dot_product_efficient_attention", "aten::scaled_dot_product_attention",
+                      "aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_cudnn_attention"})
+CUDNN, MATMUL = "cudnn", "matmul"
+
+
+def tf32_kinds(gm: torch.fx.GraphModule) -> frozenset:
+    """The kinds of TF32 work a group's graph has: ``CUDNN`` (convolutions), ``MATMUL``
+    (GEMMs). An op missing from both lists counts as neither: its session then uses TF32
+    only where the listed ops allow it, or never (float32 precision, never less)."""
+    kinds = set()
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        if schema.name in _CONVOLUTIONS:
+            kinds.add(CUDNN)
+        elif schema.name in _MATMULS:
+            kinds.add(MATMUL)
+    return frozenset(kinds)
+
+
+def tf32_enabled(kinds: frozenset = frozenset({CUDNN, MATMUL})) -> bool:
+    """Whether PyTorch lets every kind of TF32 work in ``kinds`` use TF32 right now
+    (False for none: the session's switch then changes nothing, so it stays off)."""
+    if not kinds:
+        return False
+    if MATMUL in kinds and not (torch.backends.cuda.matmul.allow_tf32
+                                or torch.get_float32_matmul_precision() != "highest"):
+        return False
+    return not (CUDNN in kinds and not torch.backends.cudnn.allow_tf32)
 
 
 def provider_options(index: int, tf32: bool, user: dict | None = None) -> dict:

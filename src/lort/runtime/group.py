@@ -48,6 +48,8 @@ class OrtGroup(torch.nn.Module):
         self._identity_where = list(compiled.where) == list(range(len(compiled.where)))
         self._dynamic = b.dynamic
         self._cuda = self.device.type == "cuda"
+        #: The kinds of TF32 work the group has, whose PyTorch flags its sessions follow.
+        self._tf32_kinds = cuda.tf32_kinds(compiled.gm) if self._cuda else frozenset()
         # What a run-time failure can change: the model (fused -> plain), where it runs.
         self.model_bytes = compiled.model_bytes
         self._plain_bytes = compiled.plain_bytes
@@ -77,7 +79,7 @@ class OrtGroup(torch.nn.Module):
         self._live = [i for i in range(len(b.in_perms)) if i not in self._frozen_idx]
         self._frozen_sessions: dict[bool, GroupSession] = {}
         if self._guard is not None and compiled.session is not None:
-            self._frozen_sessions[bool(self._cuda and cuda.tf32_enabled())] = compiled.session
+            self._frozen_sessions[bool(self._cuda and cuda.tf32_enabled(self._tf32_kinds))] = compiled.session
             self.sessions.clear()
             self._static_sessions.clear()
         #: (tensors, tf32) -> GroupSession with those weights frozen, or None.
@@ -230,7 +232,7 @@ class OrtGroup(torch.nn.Module):
             args = [a if p is None else a.permute(p) for a, p in zip(args, self._in_perms)]
         # A static graph is only ever called with its own spec (Dynamo guards shapes,
         # dtypes and devices), so its session is used without computing the spec.
-        tf32 = self._cuda and cuda.tf32_enabled()
+        tf32 = self._cuda and cuda.tf32_enabled(self._tf32_kinds)
         if self._guard is not None:
             sess = self._frozen_session(args, tf32)
             if sess is not None:

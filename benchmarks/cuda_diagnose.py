@@ -1,0 +1,116 @@
+"""Diagnoses for the CUDA failures tests/test_cuda.py left open on an H200 (2026-11-26),
+for the next session with a GPU (`bash benchmarks/gpu_run.sh diagnose`). Prints, never
+asserts; stderr is not captured, so ORT's own message before an abort shows.
+
+- ``precision``: the 'transformer' model's inference error against float64 (eager's was
+  1.67e-06, lort's 1.65e-04 with ORT's fused model refused and the plain one run) under
+  lort's defaults, with ``ort_fusions=False``, and with TF32 flags on, beside what ORT's
+  optimizer changed in each group (its fusions on CUDA are not the CPU's).
+- ``release``: 'vit' forward and backward, then the model dropped (lort releases its
+  sessions): the process aborted inside that release. Each stage is printed before it
+  runs, with a device synchronize between stages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+
+def _stage(text: str) -> None:
+    print(f"-- {text}", flush=True)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return (a.double() - ref).abs().max().item()
+
+
+def precision(name: str, device: str) -> None:
+    import lort
+    from lort import LortBackend
+    from lort.diagnostics.records import ort_optimizer_text
+    from lort.testing.models import output_tensor
+    from test_models import make
+
+    model, args = make(name, seed=1, device=device)
+    model.eval()
+    with torch.no_grad():
+        ref = output_tensor(copy.deepcopy(model).double()(*[a.double() if a.is_floating_point() else a
+                                                            for a in args]))
+        eager = output_tensor(model(*args))
+    print(f"{name}: eager error {_err(eager, ref):.3g} (scale {ref.abs().max().item():.3g})", flush=True)
+    for label, options, tf32 in (("defaults", {}, False), ("ort_fusions=False", {"ort_fusions": False}, False),
+                                 ("TF32 on (matmul and cuDNN)", {}, True)):
+        torch._dynamo.reset()
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        backend = LortBackend(lort.Options(record_ort_graph=True, executor="ort", **options))
+        with torch.no_grad():
+            out = output_tensor(torch.compile(copy.deepcopy(model), backend=backend)(*args))
+            eager_now = output_tensor(model(*args))
+        print(f"{name} [{label}]: lort error {_err(out, ref):.3g}, eager {_err(eager_now, ref):.3g}", flush=True)
+        for record in backend.records:
+            for group in record.groups:
+                print(f"   group {group.name}: {group.num_nodes} nodes, in {group.executor.value}, "
+                      f"fusions {dict(group.fusions)}\n   ORT optimizer: {ort_optimizer_text(group.ort_optimizer)}",
+                      flush=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def release(name: str, device: str) -> None:
+    from lort.testing.models import output_tensor
+    from test_models import loss_of, make
+
+    _stage(f"{name}: build")
+    model, args = make(name, device=device)
+    cm = torch.compile(model, backend="lort")
+    _stage("forward")
+    out = output_tensor(cm(*args))
+    _sync(device)
+    _stage("backward")
+    loss_of(out).backward()
+    _sync(device)
+    _stage("drop the output and gradients")
+    del out
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    _sync(device)
+    _stage("drop the model (lort releases its sessions)")
+    del cm, model
+    gc.collect()
+    _sync(device)
+    _stage("released; Dynamo reset")
+    torch._dynamo.reset()
+    gc.collect()
+    _sync(device)
+    _stage("done")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=["precision", "release"])
+    ap.add_argument("--model", default=None, help="default: transformer (precision), vit (release)")
+    ap.add_argument("--device", default="cuda", help="cuda (what it is for), or cpu to try the script")
+    a = ap.parse_args()
+    if a.what == "precision":
+        precision(a.model or "transformer", a.device)
+    else:
+        release(a.model or "vit", a.device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""What lort decides for CUDA before any GPU runs, checked on CPU: which TF32 flags a
+group's sessions follow, which dtypes ONNX's schemas refuse, and how ORT's kernel
+registry is read where onnxruntime-gpu is installed. Each was found wrong by
+tests/test_cuda.py on an H200 (benchmarks/results_cuda.md); the GPU-side checks stay in
+tests/test_cuda.py."""
+
+from __future__ import annotations
+
+import onnxruntime
+import pytest
+import torch
+
+from lort.fusion import support
+from lort.runtime import cuda
+
+
+def _aten_graph(model: torch.nn.Module, *args) -> torch.fx.GraphModule:
+    """The forward ATen graph AOTAutograd gives a backend for ``model``."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = []
+
+    def fw(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=lambda gm, ex: aot_module_simplified(gm, ex, fw_compiler=fw))(*args)
+    torch._dynamo.reset()
+    (gm,) = graphs
+    return gm
+
+
+@pytest.fixture
+def tf32_flags():
+    saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.allow_tf32)
+    yield
+    torch.set_float32_matmul_precision(saved[0])
+    torch.backends.cuda.matmul.allow_tf32 = saved[1]
+    torch.backends.cudnn.allow_tf32 = saved[2]
+
+
+def test_a_group_follows_the_tf32_flags_of_the_work_it_has(tf32_flags):
+    """PyTorch's defaults (TF32 for cuDNN's convolutions, not for matmuls): a group of
+    convolutions alone uses TF32 as eager's convolutions do; one with a matmul does not
+    (ORT has one switch for a session); one with neither never does."""
+    x = torch.randn(1, 3, 8, 8)
+    convs = _aten_graph(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()), x)
+    both = _aten_graph(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(144, 5)), x)
+    linear = _aten_graph(torch.nn.Linear(8, 5), x)
+    neither = _aten_graph(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Softmax(-1)), x)
+    assert cuda.tf32_kinds(convs) == {cuda.CUDNN}
+    assert cuda.tf32_kinds(both) == {cuda.CUDNN, cuda.MATMUL}
+    assert cuda.tf32_kinds(linear) == {cuda.MATMUL}
+    assert cuda.tf32_kinds(neither) == frozenset()
+
+    def enabled():
+        return [cuda.tf32_enabled(cuda.tf32_kinds(g)) for g in (convs, both, linear, neither)]
+
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's defaults
+    assert enabled() == [True, False, False, False]
+    torch.backends.cudnn.allow_tf32 = False
+    assert enabled() == [False, False, False, False]
+    torch.backends.cuda.matmul.allow_tf32 = True
+    assert enabled() == [False, False, True, False]
+    torch.backends.cudnn.allow_tf32 = True
+    assert enabled() == [True, True, True, False]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("high")
+    assert enabled() == [True, True, True, False]
+
+
+def test_dtypes_onnx_schemas_refuse_have_no_kernel_on_any_provider(monkeypatch):
+    """ONNX's Conv and MaxPool take no bfloat16. On CUDA, where lort could not read ORT's
+    kernel registry, autocast's bfloat16 convolutions went to a session build that ORT
+    refused (a failed build per group, and the reason 'translation failed'); the schema
+    says so before any build."""
+    monkeypatch.setattr(support, "_kernel_defs", lambda: None)  # the registry unreadable
+    support._ort_kernel_types.cache_clear()
+    try:
+        gpu = torch.device("cuda")
+        assert not support.ort_has_kernel("Conv", torch.bfloat16, gpu)
+        assert not support.ort_has_kernel("MaxPool", torch.bfloat16, gpu)
+        assert support.ort_has_kernel("Conv", torch.float16, gpu)
+        assert support.ort_has_kernel("MatMul", torch.bfloat16, gpu)
+        assert support.ort_has_kernel("Gemm", torch.bfloat16, gpu)
+    finally:
+        support._ort_kernel_types.cache_clear()
+    assert support.onnx_allows("NotAnOnnxOp", torch.bfloat16)
+
+
+def test_the_kernel_registry_of_a_gpu_build_is_read_in_a_child_process(monkeypatch):
+    """onnxruntime-gpu's get_all_opkernel_def() crashed the process (a segmentation
+    fault, seen on an H200); with a GPU build installed lort reads it in a child process.
+    Here the child reads the CPU build's registry: the same rows as in this process."""
+    support._kernel_defs.cache_clear()
+    try:
+        in_process = support._kernel_defs()
+        support._kernel_defs.cache_clear()
+        monkeypatch.setattr(onnxruntime, "get_available_providers",
+                            lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+        calls = []
+        real_run = support.subprocess.run
+        monkeypatch.setattr(support.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
+        in_child = support._kernel_defs()
+    finally:
+        support._kernel_defs.cache_clear()
+    assert len(calls) == 1
+    assert in_process and sorted(map(repr, in_child)) == sorted(map(repr, in_process))
+
+
+def test_a_crashing_kernel_registry_read_leaves_the_session_build_to_decide(monkeypatch):
+    support._kernel_defs.cache_clear()
+    support._ort_kernel_types.cache_clear()
+    monkeypatch.setattr(onnxruntime, "get_available_providers",
+                        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(support, "_READ_KERNEL_DEFS", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    try:
+        assert support._kernel_defs() is None
+        assert support._ort_kernel_types("Conv", "CPUExecutionProvider") is None
+        assert support.ort_has_kernel("Conv", torch.float32, torch.device("cpu"))
+    finally:
+        support._kernel_defs.cache_clear()
+        support._ort_kernel_types.cache_clear()
