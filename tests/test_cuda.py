@@ -343,6 +343,29 @@ def test_tf32_follows_cudnn_flag_on_convolutions(tf32_flags):
         assert _rel(out_l32, out_l) > FP32_RTOL, "cuDNN TF32 on: lort's result is its float32 one (TF32 not used)"
 
 
+def test_under_pytorchs_default_flags_convolutions_use_tf32_apart_from_matmuls(tf32_flags):
+    """PyTorch's defaults (cuDNN TF32 on, matmul TF32 off) on a whole resnet18: its
+    convolutions and its classifier fall in groups of their own, so the convolutions use
+    TF32 as eager's do and the classifier does not (in one group, ORT's one switch would
+    hold both to float32)."""
+    model, args = make("resnet18", seed=8, device=DEVICE)
+    model.eval()
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = True
+    backend = LortBackend({"executor": "ort"})
+    cm = torch.compile(copy.deepcopy(model), backend=backend)
+    with torch.no_grad():
+        out_l, out_e = cm(*args), model(*args)
+        out_r = copy.deepcopy(model).double()(*_double_args(args))
+    kinds = [{op for op in g.ops if op in ("aten.convolution.default", "aten.addmm.default", "aten.mm.default")}
+             for r in backend.records for g in r.groups]
+    assert any("aten.convolution.default" in k for k in kinds), kinds
+    assert not any("aten.convolution.default" in k and len(k) > 1 for k in kinds), kinds
+    assert _rel(out_l, out_e) <= TF32_PRECISION, f"{_rel(out_l, out_e):.3g} from eager with cuDNN's TF32"
+    assert_close_to_reference(out_l, out_e, out_r, "resnet18, PyTorch's default TF32 flags")
+
+
 # -- autocast ---------------------------------------------------------------------------
 AMP_DTYPES = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 

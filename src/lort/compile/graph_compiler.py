@@ -25,6 +25,7 @@ from ..errors import LortError, SessionCreationError, TranslationError
 from ..fusion import fuser, support
 from ..options import Options
 from ..reasons import Reason, ReasonKind
+from ..runtime import cuda
 from ..runtime.group import OrtGroup
 from ..runtime.session import give_back_memory
 from ..translate import fx_graphs, onnx_export
@@ -143,12 +144,15 @@ class GraphCompiler:
     def _fuse_rounds(self, gm, unsupported, prefix, steps: progress.PrepareProgress, weights: dict, refused,
                      freezable: bool):
         opts = self.options
+        # On CUDA, where PyTorch's TF32 flags differ for matmuls and convolutions, each
+        # kind in groups of its own (a session has one TF32 switch: runtime/cuda.py).
+        apart = cuda.tf32_kind if _on_cuda(gm) and cuda.tf32_flags_differ() else None
         for _ in range(MAX_REFUSE):
             # Frozen weights are no inputs of a group's session: they do not count
             # towards max_group_args.
             groups = fuser.find_groups(
                 gm.graph, lambda n: n not in unsupported, opts.max_group_args, prefix=prefix,
-                free_inputs=set(weights) if freezable and not refused else set(),
+                free_inputs=set(weights) if freezable and not refused else set(), apart=apart,
             )
             if opts.mode != "pytorch":
                 steps.start_round(len(groups))
@@ -233,3 +237,8 @@ def captured_seconds(start: float | None, kind: str) -> float | None:
     """Seconds from AOTAutograd receiving the Dynamo graph to this graph (None for a
     backward, compiled later)."""
     return None if start is None or kind == "backward" else time.perf_counter() - start
+
+
+def _on_cuda(gm: torch.fx.GraphModule) -> bool:
+    return any(isinstance(v := n.meta.get("val"), torch.Tensor) and v.device.type == "cuda"
+               for n in gm.graph.nodes if n.op == "placeholder")

@@ -68,14 +68,16 @@ class _Unit:
     """A group of supported nodes or one node left to PyTorch, at ``pos`` in a
     topological order of all units that the fuser keeps valid through every merge."""
 
-    __slots__ = ("members", "pos", "fusible", "inputs", "outputs")
+    __slots__ = ("members", "pos", "fusible", "inputs", "outputs", "labels")
 
-    def __init__(self, node: torch.fx.Node, pos: int, fusible: bool):
+    def __init__(self, node: torch.fx.Node, pos: int, fusible: bool, label=None):
         self.members = {node}
         self.pos = pos
         self.fusible = fusible
         self.inputs = set(node.all_input_nodes)
         self.outputs = {node} if node.users else set()
+        #: The ``apart`` labels of the members (at most one).
+        self.labels = frozenset() if label is None else frozenset((label,))
 
 
 class Fuser:
@@ -98,6 +100,7 @@ class Fuser:
         is_supported: Callable[[torch.fx.Node], bool],
         max_args: int = 128,
         free_inputs: set | frozenset = frozenset(),
+        apart: Callable[[torch.fx.Node], object] | None = None,
     ):
         self.nodes = list(graph.nodes)
         self.deps = DepGraph(self.nodes)
@@ -107,7 +110,7 @@ class Fuser:
         self.unit: dict[torch.fx.Node, _Unit] = {}
         self.slots: list[_Unit | None] = []
         for i, n in enumerate(self.nodes):
-            u = _Unit(n, i, n.op == "call_function" and bool(is_supported(n)))
+            u = _Unit(n, i, n.op == "call_function" and bool(is_supported(n)), apart(n) if apart else None)
             self.unit[n] = u
             self.slots.append(u)
         # A multi-output node and its getitems are one unit from the start.
@@ -161,6 +164,8 @@ class Fuser:
         if x is y:
             return False
         a, b = (x, y) if x.pos < y.pos else (y, x)
+        if len(a.labels | b.labels) > 1:
+            return False
         inputs, outputs = self._boundary_of(a, b)
         if check_args and len(inputs - self.free_inputs) + len(outputs) > self.max_args:
             return False
@@ -175,6 +180,7 @@ class Fuser:
         for n in a.members:
             self.unit[n] = b
         b.inputs, b.outputs = inputs, outputs
+        b.labels = a.labels | b.labels
         order = stay + [b] + moved
         self.slots[lo : hi + 1] = [None] * (hi - lo + 1 - len(order)) + order
         for i in range(lo, hi + 1):
@@ -225,10 +231,12 @@ def find_groups(
     max_args: int = 128,
     prefix: str = "ort_group",
     free_inputs: set | frozenset = frozenset(),
+    apart: Callable[[torch.fx.Node], object] | None = None,
 ) -> list[FusionGroup]:
     """Partition ``graph``'s supported nodes into fusion groups (the graph is not changed).
-    ``free_inputs`` do not count towards ``max_args``."""
-    fuser = Fuser(graph, is_supported, max_args, free_inputs)
+    ``free_inputs`` do not count towards ``max_args``. ``apart``: a label per node (None:
+    any group); nodes of different labels never share a group."""
+    fuser = Fuser(graph, is_supported, max_args, free_inputs, apart)
     index = fuser.deps.index
     groups = []
     for members in fuser.run():

@@ -24,8 +24,10 @@ default); ORT has one switch for a session. So a group's session uses TF32 where
 allows it for every kind of TF32 work the group has (``tf32_kinds``): a group of
 convolutions alone follows the cuDNN flag (PyTorch's defaults: TF32, as eager's
 convolutions), one of matmuls alone the matmul flag, one with both needs both, and one
-with neither never uses it. The flag is part of a session's key: changing PyTorch's
-setting builds (or reuses) the matching session.
+with neither never uses it. Where the two flags differ when a graph is compiled, the
+fuser puts convolutions and matmuls in groups of their own (``tf32_flags_differ``), so
+each kind gets the precision PyTorch gives it. The flag is part of a session's key:
+changing PyTorch's setting builds (or reuses) the matching session.
 """
 
 from __future__ import annotations
@@ -65,20 +67,28 @@ _MATMULS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "
 CUDNN, MATMUL = "cudnn", "matmul"
 
 
+def tf32_kind(node: torch.fx.Node) -> str | None:
+    """``CUDNN`` for a convolution, ``MATMUL`` for a GEMM, None for any other node. An op
+    missing from both lists counts as neither: its session then uses TF32 only where the
+    listed ops allow it, or never (float32 precision, never less)."""
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    if schema is None:
+        return None
+    if schema.name in _CONVOLUTIONS:
+        return CUDNN
+    return MATMUL if schema.name in _MATMULS else None
+
+
 def tf32_kinds(gm: torch.fx.GraphModule) -> frozenset:
-    """The kinds of TF32 work a group's graph has: ``CUDNN`` (convolutions), ``MATMUL``
-    (GEMMs). An op missing from both lists counts as neither: its session then uses TF32
-    only where the listed ops allow it, or never (float32 precision, never less)."""
-    kinds = set()
-    for node in gm.graph.nodes:
-        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-        if schema is None:
-            continue
-        if schema.name in _CONVOLUTIONS:
-            kinds.add(CUDNN)
-        elif schema.name in _MATMULS:
-            kinds.add(MATMUL)
-    return frozenset(kinds)
+    """The kinds of TF32 work a group's graph has (``tf32_kind`` of its nodes)."""
+    return frozenset(k for k in map(tf32_kind, gm.graph.nodes) if k is not None)
+
+
+def tf32_flags_differ() -> bool:
+    """Whether PyTorch allows TF32 for one of matmuls and convolutions and not the other
+    right now (its defaults: convolutions only). A group holding both would then run
+    both in float32 (ORT's one switch), so the fuser keeps them in groups of their own."""
+    return tf32_enabled(frozenset({MATMUL})) != tf32_enabled(frozenset({CUDNN}))
 
 
 def tf32_enabled(kinds: frozenset = frozenset({CUDNN, MATMUL})) -> bool:
