@@ -18,6 +18,8 @@
 #     (no carry)           MODELS=llama,vit_s16 bash benchmarks/gpu_run.sh bench
 #     (no carry)           MODELS=resnet50 bash benchmarks/gpu_run.sh bench
 #     (no carry)           bash benchmarks/gpu_run.sh memory
+#     (no carry)           BACKENDS=lort LORT_OPTIONS='{"share_cuda_arena": true}' bash benchmarks/gpu_run.sh memory
+#                          (one arena per device instead of per session: the default once measured)
 # (timeout_s 600 for each; a bench call that stops at BENCH_TIMEOUT keeps its finished rows:
 # rerun what is missing with MODELS=... SCENARIOS=...)
 # Seen on an H200 (2026-11-26), with 15 minutes of device time for the whole session: the
@@ -100,6 +102,8 @@ step_plan() {
   echo "  command: MODELS=llama,vit_s16 bash benchmarks/gpu_run.sh bench"
   echo "  command: MODELS=resnet50 bash benchmarks/gpu_run.sh bench"
   echo "  command: bash benchmarks/gpu_run.sh memory"
+  echo "  command: BACKENDS=lort LORT_OPTIONS='{\"share_cuda_arena\": true}' bash benchmarks/gpu_run.sh memory"
+  echo "  command: BACKENDS=lort LORT_OPTIONS='{\"executor\": \"ort\"}' bash benchmarks/gpu_run.sh memory"
 }
 
 step_piece() {

@@ -38,13 +38,13 @@ def _train_and_eval(model, front: str, options: dict):
 
 
 def _live_sessions() -> int:
-    # The shared CPU arena's one tiny shrinking session (runtime/session.py) is made on
+    # The shared CPU arena's one tiny shrinking session (runtime/memory.py) is made on
     # the process's first give-back: made here, so that a test run first counts it on
     # both sides (run alone, this test counted it as the dropped model's).
-    from lort.runtime import session
+    from lort.runtime import memory
 
-    if session._shared_cpu_arena():
-        session.shrink_shared_cpu_arena()
+    if memory._shared_cpu_arena():
+        memory.shrink_shared_cpu_arena()
     gc.collect()
     return sum(1 for o in gc.get_objects() if isinstance(o, ort.InferenceSession))
 

@@ -106,6 +106,11 @@ class Options:
     #: instead of an arena per session that keeps its peak for good, which lowers peak
     #: RSS in training (benchmarks/memory.md, before and after).
     share_cpu_arena: bool = True
+    #: Every lort session on a CUDA device allocates from one ORT arena per device,
+    #: instead of an arena per session. Off by default: not yet measured on a GPU; on an
+    #: H200, BERT's training with an arena per session peaked 5.2 GB outside PyTorch's
+    #: allocator (benchmarks/cuda_memory.md).
+    share_cuda_arena: bool = False
     #: Write convolution_backward as convolutions so it runs in ORT. Off by default:
     #: slower than PyTorch's kernels on CPU (benchmarks/conv_backward.md).
     decompose_conv_backward: bool = False

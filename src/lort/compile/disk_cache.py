@@ -111,6 +111,7 @@ def _options_key(options: Options) -> tuple:
         options.decompose_conv_backward,
         options.allow_spinning,
         options.share_cpu_arena,
+        options.share_cuda_arena,
         options.freeze,
         torch.get_num_threads(),
     )

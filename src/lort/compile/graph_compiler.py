@@ -27,7 +27,7 @@ from ..options import Options
 from ..reasons import Reason, ReasonKind
 from ..runtime import cuda
 from ..runtime.group import OrtGroup
-from ..runtime.session import give_back_memory
+from ..runtime.memory import give_back_memory
 from ..translate import fx_graphs, onnx_export
 from . import disk_cache
 from .group_compiler import GroupCompiler

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import weakref
 
-from ..runtime.session import give_back_memory
+from ..runtime.memory import give_back_memory
 
 logger = logging.getLogger("lort")
 

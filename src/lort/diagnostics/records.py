@@ -11,7 +11,7 @@ import torch
 import torch.fx
 
 from ..reasons import Placement, Reason, ReasonKind
-from ..runtime.session import give_back_memory
+from ..runtime.memory import give_back_memory
 
 
 #: Two timings closer than this (relative) are a close call: the choice between them may

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import ctypes
 import functools
 import logging
 import math
@@ -12,7 +11,6 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
@@ -23,6 +21,7 @@ from ..numpy_views import numpy_view
 from ..options import Options
 from ..ort_model import OnnxModel, model_bytes as _proto
 from . import cuda, providers
+from .memory import _shared_cpu_arena, _shared_cuda_arena
 from .dtypes import ELEMENT_TYPES
 
 logger = logging.getLogger("lort")
@@ -52,80 +51,6 @@ class _Stats:
 stats = _Stats()
 
 
-_arena_lock = threading.Lock()
-_arena_registered: bool | None = None  # None: not tried yet
-
-
-def _shared_cpu_arena() -> bool:
-    """Register, once per process, a CPU arena in ORT's environment that sessions built
-    with ``session.use_env_allocators`` share. False if ORT refused it (sessions then
-    keep their own arenas)."""
-    global _arena_registered
-    with _arena_lock:
-        if _arena_registered is None:
-            info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-            try:
-                # max_mem 0 and -1 for the rest: ORT's defaults for an arena.
-                ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
-                _arena_registered = True
-            except Exception as e:  # e.g. the application registered one already
-                logger.info("lort: no shared CPU arena (%s); each session keeps its own", e)
-                _arena_registered = False
-        return _arena_registered
-
-
-_shrinker: list = []  # the one tiny session that shrinks the shared arena, once made
-
-
-def shrink_shared_cpu_arena() -> None:
-    """Hand back to the system the shared CPU arena's chunks no session is using: it
-    keeps the peak of every run otherwise (BERT-base's graphs timed at compile time and
-    then run in eager PyTorch kept 19-27 MB). One run of a tiny session on that arena
-    with ORT's shrinkage run option; nothing where no arena is shared."""
-    if not _arena_registered:
-        return
-    with _arena_lock:
-        if not _shrinker:
-            from onnx import TensorProto, helper
-
-            graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "lort_shrink",
-                                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
-            so = ort.SessionOptions()
-            so.add_session_config_entry("session.use_env_allocators", "1")
-            so.log_severity_level = 3
-            run_options = ort.RunOptions()
-            run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-            _shrinker.append((sess, run_options, {"x": np.zeros(1, np.float32)}))
-        sess, run_options, feed = _shrinker[0]
-    try:
-        sess.run(None, feed, run_options)
-    except Exception as e:  # noqa: BLE001 - memory handed back or not, nothing fails
-        logger.debug("lort: the shared arena did not shrink (%s)", e)
-
-
-def give_back_memory() -> None:
-    """After compiling (translation, sessions, timing runs allocate and free far more
-    than a compiled graph keeps) or releasing a graph: the shared arena's unused chunks
-    and glibc's free heap go back to the system (BERT-base's compile left 45-60 MB of
-    freed heap in the process otherwise)."""
-    shrink_shared_cpu_arena()
-    if _libc is not None:
-        _libc.malloc_trim(0)
-
-
-def _load_libc():
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim  # glibc only
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-_libc = _load_libc()
 
 
 def session_options(options: Options, threads: int | None = None, quiet: bool = False) -> ort.SessionOptions:
@@ -296,6 +221,8 @@ def create_session(
     """An ORT session of ``model``; its external initializers (an ``OnnxModel``'s frozen
     weights) are read from their tensors' memory (``share_initializers``)."""
     so = session_options(options, threads, quiet=not count) if so is None else so
+    if device.type == "cuda" and options.share_cuda_arena and _shared_cuda_arena(_ort_device(device)[1]):
+        so.add_session_config_entry("session.use_env_allocators", "1")
     try:
         with unset_fake_temporarily():  # sessions are built while compiling, under FakeTensorMode
             shared = share_initializers(so, model.external) if isinstance(model, OnnxModel) else ()
