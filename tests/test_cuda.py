@@ -87,6 +87,13 @@ SIZE = 4096
 MATMUL_OPS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.convolution.default"}
 
 
+def cudnn_tf32(on: bool):
+    """cuDNN's TF32 flag set to ``on`` within the block, its other flags as they are
+    (PyTorch's OpInfo tests forbid setting cuDNN's flags outside such a block)."""
+    c = torch.backends.cudnn
+    return c.flags(enabled=c.enabled, benchmark=c.benchmark, deterministic=c.deterministic, allow_tf32=on)
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest difference relative to the largest magnitude of ``b``."""
     return ((a.double() - b.double()).abs().max() / (b.double().abs().max() + 1e-30)).item()
@@ -132,15 +139,13 @@ def float32_precision():
     (PyTorch's default), eager's and ORT's convolutions each round their inputs to TF32
     by their own algorithms, and 20 AdamW steps of resnet18 drifted 0.4% apart (H200).
     TF32 has tests of its own below."""
-    saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
-             torch.backends.cudnn.allow_tf32)
+    saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32)
     torch.set_float32_matmul_precision("highest")
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    yield
+    with cudnn_tf32(False):
+        yield
     torch.set_float32_matmul_precision(saved[0])
     torch.backends.cuda.matmul.allow_tf32 = saved[1]
-    torch.backends.cudnn.allow_tf32 = saved[2]
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -273,17 +278,12 @@ def test_second_device_while_current_device_is_0():
 # -- TF32 follows PyTorch's flags -------------------------------------------------------
 @pytest.fixture
 def tf32_flags():
-    """Restores PyTorch's TF32 settings (legacy API only: mixing it with the new
-    fp32_precision API is an error in torch)."""
-    saved = (
-        torch.get_float32_matmul_precision(),
-        torch.backends.cuda.matmul.allow_tf32,
-        torch.backends.cudnn.allow_tf32,
-    )
+    """Restores PyTorch's matmul TF32 settings (legacy API only: mixing it with the new
+    fp32_precision API is an error in torch); cuDNN's is set through ``cudnn_tf32``."""
+    saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32)
     yield
     torch.set_float32_matmul_precision(saved[0])
     torch.backends.cuda.matmul.allow_tf32 = saved[1]
-    torch.backends.cudnn.allow_tf32 = saved[2]
 
 
 @pytest.mark.parametrize("how", ["allow_tf32", "float32_matmul_precision"])
@@ -329,14 +329,14 @@ def test_tf32_follows_cudnn_flag_on_convolutions(tf32_flags):
     cm = torch.compile(copy.deepcopy(model).forward_features, backend="lort")
     torch.set_float32_matmul_precision("highest")
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     with torch.no_grad():
-        out_r = ref_model.forward_features(*_double_args(args))
-        out_e, out_l = model.forward_features(*args), cm(*args)
-        assert_close_to_reference(out_l, out_e, out_r, "cuDNN TF32 off")
+        with cudnn_tf32(False):
+            out_r = ref_model.forward_features(*_double_args(args))
+            out_e, out_l = model.forward_features(*args), cm(*args)
+            assert_close_to_reference(out_l, out_e, out_r, "cuDNN TF32 off")
         sessions = lort.stats.sessions_created
-        torch.backends.cudnn.allow_tf32 = True
-        out_e32, out_l32 = model.forward_features(*args), cm(*args)
+        with cudnn_tf32(True):
+            out_e32, out_l32 = model.forward_features(*args), cm(*args)
         assert lort.stats.sessions_created > sessions, "cuDNN TF32 on: no new session (flag not in the session key)"
         assert _rel(out_e32, out_e) > FP32_RTOL, "eager did not use TF32: the test proves nothing here"
         assert _rel(out_l32, out_e32) <= TF32_PRECISION, f"cuDNN TF32 on: {_rel(out_l32, out_e32):.3g} from eager"
@@ -352,10 +352,9 @@ def test_under_pytorchs_default_flags_convolutions_use_tf32_apart_from_matmuls(t
     model.eval()
     torch.set_float32_matmul_precision("highest")
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = True
     backend = LortBackend({"executor": "ort"})
     cm = torch.compile(copy.deepcopy(model), backend=backend)
-    with torch.no_grad():
+    with torch.no_grad(), cudnn_tf32(True):
         out_l, out_e = cm(*args), model(*args)
         out_r = copy.deepcopy(model).double()(*_double_args(args))
     kinds = [{op for op in g.ops if op in ("aten.convolution.default", "aten.addmm.default", "aten.mm.default")}

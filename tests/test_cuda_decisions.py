@@ -34,12 +34,18 @@ def _aten_graph(model: torch.nn.Module, *args) -> torch.fx.GraphModule:
 
 @pytest.fixture
 def tf32_flags():
-    saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
-             torch.backends.cudnn.allow_tf32)
+    """Restores the matmul flags; cuDNN's flag is set through ``cudnn_tf32`` only (PyTorch's
+    OpInfo tests, run earlier in the suite, forbid setting it directly)."""
+    saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32)
     yield
     torch.set_float32_matmul_precision(saved[0])
     torch.backends.cuda.matmul.allow_tf32 = saved[1]
-    torch.backends.cudnn.allow_tf32 = saved[2]
+
+
+def cudnn_tf32(on: bool):
+    """cuDNN's TF32 flag set to ``on`` within the block, its other flags as they are."""
+    c = torch.backends.cudnn
+    return c.flags(enabled=c.enabled, benchmark=c.benchmark, deterministic=c.deterministic, allow_tf32=on)
 
 
 def test_a_group_follows_the_tf32_flags_of_the_work_it_has(tf32_flags):
@@ -61,17 +67,17 @@ def test_a_group_follows_the_tf32_flags_of_the_work_it_has(tf32_flags):
 
     torch.set_float32_matmul_precision("highest")
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = True  # PyTorch's defaults
-    assert enabled() == [True, False, False, False]
-    torch.backends.cudnn.allow_tf32 = False
-    assert enabled() == [False, False, False, False]
-    torch.backends.cuda.matmul.allow_tf32 = True
-    assert enabled() == [False, False, True, False]
-    torch.backends.cudnn.allow_tf32 = True
-    assert enabled() == [True, True, True, False]
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("high")
-    assert enabled() == [True, True, True, False]
+    with cudnn_tf32(True):  # PyTorch's defaults
+        assert enabled() == [True, False, False, False]
+    with cudnn_tf32(False):
+        assert enabled() == [False, False, False, False]
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert enabled() == [False, False, True, False]
+    with cudnn_tf32(True):
+        assert enabled() == [True, True, True, False]
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.set_float32_matmul_precision("high")
+        assert enabled() == [True, True, True, False]
 
 
 def test_dtypes_onnx_schemas_refuse_have_no_kernel_on_any_provider(monkeypatch):
@@ -150,11 +156,11 @@ def test_where_the_tf32_flags_differ_convolutions_and_matmuls_fall_in_groups_of_
 
     torch.set_float32_matmul_precision("highest")
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = True
-    assert cuda.tf32_flags_differ()
-    torch.backends.cudnn.allow_tf32 = False
-    assert not cuda.tf32_flags_differ()
-    torch.backends.cuda.matmul.allow_tf32 = True
-    assert cuda.tf32_flags_differ()
-    torch.backends.cudnn.allow_tf32 = True
-    assert not cuda.tf32_flags_differ()
+    with cudnn_tf32(True):
+        assert cuda.tf32_flags_differ()
+    with cudnn_tf32(False):
+        assert not cuda.tf32_flags_differ()
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert cuda.tf32_flags_differ()
+    with cudnn_tf32(True):
+        assert not cuda.tf32_flags_differ()
