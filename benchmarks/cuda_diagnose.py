@@ -4,8 +4,9 @@ asserts; stderr is not captured, so ORT's own message before an abort shows.
 
 - ``precision``: the 'transformer' model's inference error against float64 (eager's was
   1.67e-06, lort's 1.65e-04 with ORT's fused model refused and the plain one run) under
-  lort's defaults, with ``ort_fusions=False``, and with TF32 flags on, beside what ORT's
-  optimizer changed in each group (its fusions on CUDA are not the CPU's).
+  lort's defaults, with ``ort_fusions=False``, with ORT's optimizer at 'basic' too (its
+  attention and other fusions on CUDA are not the CPU's), and with TF32 flags on, beside
+  what ORT's optimizer changed in each group.
 - ``release``: 'vit' forward and backward, then the model dropped (lort releases its
   sessions): the process aborted inside that release. Each stage is printed before it
   runs, with a device synchronize between stages.
@@ -52,6 +53,8 @@ def precision(name: str, device: str) -> None:
         eager = output_tensor(model(*args))
     print(f"{name}: eager error {_err(eager, ref):.3g} (scale {ref.abs().max().item():.3g})", flush=True)
     for label, options, tf32 in (("defaults", {}, False), ("ort_fusions=False", {"ort_fusions": False}, False),
+                                 ("ORT's optimizer at 'basic' (no ORT fusions)",
+                                  {"ort_fusions": False, "graph_optimization_level": "basic"}, False),
                                  ("TF32 on (matmul and cuDNN)", {}, True)):
         torch._dynamo.reset()
         torch.backends.cuda.matmul.allow_tf32 = tf32
