@@ -164,3 +164,25 @@ def test_where_the_tf32_flags_differ_convolutions_and_matmuls_fall_in_groups_of_
         assert cuda.tf32_flags_differ()
     with cudnn_tf32(True):
         assert not cuda.tf32_flags_differ()
+
+
+def test_the_first_cuda_provider_options_quiet_orts_default_logger(monkeypatch, capfd):
+    """onnxruntime-gpu 1.31's per-session warning about plugin EP devices goes to ORT's
+    default logger, which lort sets to errors the first time it makes CUDA provider
+    options. Seen here through another warning of that logger (a session config key set
+    twice)."""
+
+    def warn_once() -> str:
+        so = onnxruntime.SessionOptions()
+        so.add_session_config_entry("session.use_env_allocators", "1")
+        so.add_session_config_entry("session.use_env_allocators", "1")
+        return capfd.readouterr().err
+
+    onnxruntime.set_default_logger_severity(2)
+    try:
+        assert "already exists" in warn_once()
+        monkeypatch.setattr(cuda, "_default_logger_quieted", False)
+        cuda._quiet_ort_default_logger()
+        assert "already exists" not in warn_once()
+    finally:
+        onnxruntime.set_default_logger_severity(2)

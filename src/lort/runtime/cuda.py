@@ -102,9 +102,28 @@ def tf32_enabled(kinds: frozenset = frozenset({CUDNN, MATMUL})) -> bool:
     return not (CUDNN in kinds and not torch.backends.cudnn.allow_tf32)
 
 
+_default_logger_quieted = False
+
+
+def _quiet_ort_default_logger() -> None:
+    """onnxruntime-gpu 1.31 logs "No registered plugin EP device found for
+    'CUDAExecutionProvider'" as a warning on ORT's default logger for every session built
+    with the CUDA provider, which then runs as always (its plugin-EP lookup; seen on an
+    H200: one line per session, dozens per model). lort's sessions log errors only; the
+    first time lort makes CUDA provider options it sets ORT's default logger to errors
+    too (``onnxruntime.set_default_logger_severity(3)``; call it again after to undo)."""
+    global _default_logger_quieted
+    if not _default_logger_quieted:
+        _default_logger_quieted = True
+        import onnxruntime as ort
+
+        ort.set_default_logger_severity(3)
+
+
 def provider_options(index: int, tf32: bool, user: dict | None = None) -> dict:
     """CUDA execution provider options for a lort session on device ``index``; options
     the user passed (``Options.providers``) are kept, except the stream, which lort owns."""
+    _quiet_ort_default_logger()
     opts = {str(k): str(v) for k, v in (user or {}).items()}
     opts.setdefault("device_id", str(index))
     opts.setdefault("use_tf32", "1" if tf32 else "0")
