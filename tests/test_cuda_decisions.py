@@ -61,6 +61,11 @@ def test_a_group_follows_the_tf32_flags_of_the_work_it_has(tf32_flags):
     assert cuda.tf32_kinds(both) == {cuda.CUDNN, cuda.MATMUL}
     assert cuda.tf32_kinds(linear) == {cuda.MATMUL}
     assert cuda.tf32_kinds(neither) == frozenset()
+    # TF32 concerns float32 only: work in any other dtype (autocast's float16 on a GPU;
+    # float64 here, where eager has CPU kernels for it) has no kind.
+    other = _aten_graph(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(),
+                                           torch.nn.Linear(144, 5)).to(torch.float64), x.double())
+    assert cuda.tf32_kinds(other) == frozenset()
 
     def enabled():
         return [cuda.tf32_enabled(cuda.tf32_kinds(g)) for g in (convs, both, linear, neither)]

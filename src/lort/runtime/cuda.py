@@ -68,15 +68,19 @@ CUDNN, MATMUL = "cudnn", "matmul"
 
 
 def tf32_kind(node: torch.fx.Node) -> str | None:
-    """``CUDNN`` for a convolution, ``MATMUL`` for a GEMM, None for any other node. An op
-    missing from both lists counts as neither: its session then uses TF32 only where the
-    listed ops allow it, or never (float32 precision, never less)."""
+    """``CUDNN`` for a float32 convolution, ``MATMUL`` for a float32 GEMM, None for any
+    other node (TF32 concerns float32 only: autocast's float16 and bfloat16 work has no
+    kind). An op missing from both lists counts as neither: its session then uses TF32
+    only where the listed ops allow it, or never (float32 precision, never less)."""
     schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
     if schema is None:
         return None
-    if schema.name in _CONVOLUTIONS:
-        return CUDNN
-    return MATMUL if schema.name in _MATMULS else None
+    kind = CUDNN if schema.name in _CONVOLUTIONS else MATMUL if schema.name in _MATMULS else None
+    if kind is None:
+        return None
+    val = next((a.meta.get("val") for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)),
+               None)
+    return kind if val is None or val.dtype == torch.float32 else None
 
 
 def tf32_kinds(gm: torch.fx.GraphModule) -> frozenset:
