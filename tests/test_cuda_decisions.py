@@ -191,3 +191,19 @@ def test_the_first_cuda_provider_options_quiet_orts_default_logger(monkeypatch, 
         assert "already exists" not in warn_once()
     finally:
         onnxruntime.set_default_logger_severity(2)
+
+
+def test_bfloat16_kernels_of_the_cuda_registry_are_found(monkeypatch):
+    """bfloat16 goes to ORT on CUDA only; the kernel check looked it up under no type
+    name, so a readable CUDA registry would have refused every bfloat16 op."""
+    rows = [("MatMul", "", "CUDAExecutionProvider", (13, 2**31 - 1), {"T": ["tensor(float)", "tensor(bfloat16)"]}),
+            ("Erf", "", "CUDAExecutionProvider", (13, 2**31 - 1), {"T": ["tensor(float)"]})]
+    monkeypatch.setattr(support, "_kernel_defs", lambda: rows)
+    support._ort_kernel_types.cache_clear()
+    try:
+        gpu = torch.device("cuda")
+        assert support.ort_has_kernel("MatMul", torch.bfloat16, gpu)
+        assert not support.ort_has_kernel("Erf", torch.bfloat16, gpu)
+        assert support.ort_has_kernel("Erf", torch.float32, gpu)
+    finally:
+        support._ort_kernel_types.cache_clear()
