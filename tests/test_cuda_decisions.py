@@ -207,3 +207,21 @@ def test_bfloat16_kernels_of_the_cuda_registry_are_found(monkeypatch):
         assert support.ort_has_kernel("Erf", torch.float32, gpu)
     finally:
         support._ort_kernel_types.cache_clear()
+
+
+def test_cuda_provider_options_ask_for_float32_precision_and_keep_the_users(monkeypatch):
+    """lort's stream is always lort's; TF32 as decided; SkipLayerNormalization in ORT's
+    strict mode (its default takes the variance in one pass) unless the user says."""
+
+    class Stream:
+        cuda_stream = 1234
+
+    monkeypatch.setattr(cuda, "lort_stream", lambda index: Stream())
+    monkeypatch.setattr(cuda, "_default_logger_quieted", True)  # ORT's logger as it is
+    opts = cuda.provider_options(0, tf32=False)
+    assert opts == {"device_id": "0", "use_tf32": "0", "enable_skip_layer_norm_strict_mode": "1",
+                    "user_compute_stream": "1234"}
+    user = {"enable_skip_layer_norm_strict_mode": 0, "user_compute_stream": "9"}
+    opts = cuda.provider_options(1, tf32=True, user=user)
+    assert opts == {"device_id": "1", "use_tf32": "1", "enable_skip_layer_norm_strict_mode": "0",
+                    "user_compute_stream": "1234"}

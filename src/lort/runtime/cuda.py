@@ -126,11 +126,22 @@ def _quiet_ort_default_logger() -> None:
 
 def provider_options(index: int, tf32: bool, user: dict | None = None) -> dict:
     """CUDA execution provider options for a lort session on device ``index``; options
-    the user passed (``Options.providers``) are kept, except the stream, which lort owns."""
+    the user passed (``Options.providers``) are kept, except the stream, which lort owns.
+
+    ``enable_skip_layer_norm_strict_mode``: ORT's CUDA SkipLayerNormalization (which
+    onnxscript's and ORT's own fusions make of a residual add and a layer norm) by default
+    takes the variance in one pass, E[x^2] - mean^2 in float32
+    (contrib_ops/cuda/bert/layer_norm.cuh), which loses the digits of a row whose mean is
+    large against its spread (rows of 768 values with a mean 100 times their standard
+    deviation, that formula in float32 emulated in NumPy: relative error in the variance
+    5e-4 median, 2e-3 at worst of 200), where PyTorch's layer norm does not. ORT documents
+    strict mode as the more accurate one, so lort asks for it unless the user's options say
+    otherwise. Its cost on a GPU is not measured yet (benchmarks/results_cuda.md)."""
     _quiet_ort_default_logger()
     opts = {str(k): str(v) for k, v in (user or {}).items()}
     opts.setdefault("device_id", str(index))
     opts.setdefault("use_tf32", "1" if tf32 else "0")
+    opts.setdefault("enable_skip_layer_norm_strict_mode", "1")
     opts["user_compute_stream"] = str(lort_stream(index).cuda_stream)
     return opts
 
