@@ -15,45 +15,47 @@ logger = logging.getLogger("lort")
 
 
 _arena_lock = threading.Lock()
-_arena_registered: bool | None = None  # None: not tried yet
+#: "cpu", "cuda:N" -> whether ORT took the shared arena (absent: not tried yet).
+_arenas: dict[str, bool] = {}
+
+
+def _register_once(key: str, what: str, register) -> bool:
+    """Call ``register`` (which registers an arena in ORT's environment) once per process
+    for ``key``; whether ORT took it (sessions keep their own arenas where it did not)."""
+    with _arena_lock:
+        if key not in _arenas:
+            try:
+                register()
+                _arenas[key] = True
+            except Exception as e:  # noqa: BLE001 - e.g. registered by the application, or no CUDA provider
+                logger.info("lort: no shared %s arena (%s); each session keeps its own", what, e)
+                _arenas[key] = False
+        return _arenas[key]
 
 
 def _shared_cpu_arena() -> bool:
     """Register, once per process, a CPU arena in ORT's environment that sessions built
-    with ``session.use_env_allocators`` share. False if ORT refused it (sessions then
-    keep their own arenas)."""
-    global _arena_registered
-    with _arena_lock:
-        if _arena_registered is None:
-            info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-            try:
-                # max_mem 0 and -1 for the rest: ORT's defaults for an arena.
-                ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
-                _arena_registered = True
-            except Exception as e:  # e.g. the application registered one already
-                logger.info("lort: no shared CPU arena (%s); each session keeps its own", e)
-                _arena_registered = False
-        return _arena_registered
+    with ``session.use_env_allocators`` share. False if ORT refused it."""
 
+    def register():
+        info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+        # max_mem 0 and -1 for the rest: ORT's defaults for an arena.
+        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
 
-_cuda_arenas: dict[int, bool] = {}  # device index -> registered
+    return _register_once("cpu", "CPU", register)
 
 
 def _shared_cuda_arena(index: int) -> bool:
     """Register, once per process and device, a CUDA arena in ORT's environment that
     sessions built with ``session.use_env_allocators`` share (Options.share_cuda_arena).
     False if ORT refused it (the CPU build has no CUDA allocator to register)."""
-    with _arena_lock:
-        if index not in _cuda_arenas:
-            info = ort.OrtMemoryInfo("Cuda", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, index, ort.OrtMemType.DEFAULT)
-            try:
-                ort.create_and_register_allocator_v2("CUDAExecutionProvider", info, {"device_id": str(index)},
-                                                     ort.OrtArenaCfg(0, -1, -1, -1))
-                _cuda_arenas[index] = True
-            except Exception as e:  # noqa: BLE001 - e.g. registered already, or no CUDA provider
-                logger.info("lort: no shared CUDA arena on device %d (%s); each session keeps its own", index, e)
-                _cuda_arenas[index] = False
-        return _cuda_arenas[index]
+
+    def register():
+        info = ort.OrtMemoryInfo("Cuda", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, index, ort.OrtMemType.DEFAULT)
+        ort.create_and_register_allocator_v2("CUDAExecutionProvider", info, {"device_id": str(index)},
+                                             ort.OrtArenaCfg(0, -1, -1, -1))
+
+    return _register_once(f"cuda:{index}", f"CUDA (device {index})", register)
 
 
 _shrinker: list = []  # the one tiny session that shrinks the shared arena, once made
@@ -64,7 +66,7 @@ def shrink_shared_cpu_arena() -> None:
     keeps the peak of every run otherwise (BERT-base's graphs timed at compile time and
     then run in eager PyTorch kept 19-27 MB). One run of a tiny session on that arena
     with ORT's shrinkage run option; nothing where no arena is shared."""
-    if not _arena_registered:
+    if not _arenas.get("cpu"):
         return
     with _arena_lock:
         if not _shrinker:
