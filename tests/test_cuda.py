@@ -52,6 +52,7 @@ if _REASON:
 
 import onnx  # noqa: E402
 import onnx_ir as ir  # noqa: E402
+from test_cuda_decisions import cudnn_tf32, tf32_flags  # noqa: E402, F401 - tf32_flags: a fixture
 from test_run_fallback import _broken_fusion as broken_fusion  # noqa: E402
 from test_run_fallback import check_plain_model_runs  # noqa: E402
 from test_run_fallback import f as fallback_f  # noqa: E402
@@ -85,13 +86,6 @@ RACE_CALLS = 20
 LONG_MATMULS = 3
 SIZE = 4096
 MATMUL_OPS = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.convolution.default"}
-
-
-def cudnn_tf32(on: bool):
-    """cuDNN's TF32 flag set to ``on`` within the block, its other flags as they are
-    (PyTorch's OpInfo tests forbid setting cuDNN's flags outside such a block)."""
-    c = torch.backends.cudnn
-    return c.flags(enabled=c.enabled, benchmark=c.benchmark, deterministic=c.deterministic, allow_tf32=on)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -276,16 +270,6 @@ def test_second_device_while_current_device_is_0():
 
 
 # -- TF32 follows PyTorch's flags -------------------------------------------------------
-@pytest.fixture
-def tf32_flags():
-    """Restores PyTorch's matmul TF32 settings (legacy API only: mixing it with the new
-    fp32_precision API is an error in torch); cuDNN's is set through ``cudnn_tf32``."""
-    saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32)
-    yield
-    torch.set_float32_matmul_precision(saved[0])
-    torch.backends.cuda.matmul.allow_tf32 = saved[1]
-
-
 @pytest.mark.parametrize("how", ["allow_tf32", "float32_matmul_precision"])
 def test_tf32_follows_matmul_flags(tf32_flags, how):
     torch.manual_seed(7)

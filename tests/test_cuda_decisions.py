@@ -34,8 +34,10 @@ def _aten_graph(model: torch.nn.Module, *args) -> torch.fx.GraphModule:
 
 @pytest.fixture
 def tf32_flags():
-    """Restores the matmul flags; cuDNN's flag is set through ``cudnn_tf32`` only (PyTorch's
-    OpInfo tests, run earlier in the suite, forbid setting it directly)."""
+    """Restores the matmul flags (legacy API only: mixing it with the new fp32_precision
+    API is an error in torch); cuDNN's flag is set through ``cudnn_tf32`` only (PyTorch's
+    OpInfo tests, run earlier in the suite, forbid setting it directly). tests/test_cuda.py
+    uses both."""
     saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32)
     yield
     torch.set_float32_matmul_precision(saved[0])
