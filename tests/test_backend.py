@@ -427,7 +427,9 @@ def test_executor_auto_runs_each_group_where_it_timed_faster(monkeypatch, pytorc
             return None  # the group-level choice alone: the whole graph keeps lort's
 
     x, w = inputs()
-    backend = LortBackend({"executor": "auto"}, tuner=FakeTuner())
+    # tiny_inputs_bytes=0: the timed path under test, not the small-graph shortcut
+    # (tests/test_call_floor.py), which real timings of so small a graph may take.
+    backend = LortBackend({"executor": "auto"}, tuner=FakeTuner(tiny_inputs_bytes=0))
     before = lort.stats.ort_runs
     out = torch.compile(f, backend=backend)(x, w)
     torch.testing.assert_close(out, f(x, w), rtol=1e-5, atol=1e-6)
@@ -496,7 +498,7 @@ def test_executor_auto_runs_the_whole_graph_in_eager_pytorch_when_faster(monkeyp
     torch.manual_seed(0)
     model, x = _BNNet(), torch.randn(8, 16)
     ref = copy.deepcopy(model)
-    backend = LortBackend({"executor": "auto"}, tuner=FakeTuner())
+    backend = LortBackend({"executor": "auto"}, tuner=FakeTuner(tiny_inputs_bytes=0))  # the timed path
     cm = torch.compile(model, backend=backend)
     for step in range(3):  # the timing ran on copies: buffers and grads as in eager
         out, out_ref = cm(x), ref(x)
@@ -556,7 +558,7 @@ def test_whole_graph_choice_is_kept_in_the_disk_cache(tmp_path):
     torch.manual_seed(0)
     model, x = _BNNet().eval(), torch.randn(8, 16)
     with torch.no_grad():
-        cold = LortBackend(opts, tuner=_FixedTimes())
+        cold = LortBackend(opts, tuner=_FixedTimes(tiny_inputs_bytes=0))  # the timed path
         torch.compile(model, backend=cold)(x)
         assert [r.kind for r in cold.records] == ["inference"]
         torch._dynamo.reset()
@@ -828,7 +830,7 @@ def test_a_close_call_is_timed_again_and_explained():
             calls.append(1)
             return {"ort": 1.0e-3, "pytorch": 0.99e-3} if len(calls) == 1 else {"ort": 0.98e-3, "pytorch": 1.2e-3}
 
-    tuner = CloseTuner()
+    tuner = CloseTuner(tiny_inputs_bytes=0)  # the timed path
     assert tuner.timed_again_if_close({"ort": 1.0, "pytorch": 0.5}, lambda: pytest.fail("not close")) == \
         {"ort": 1.0, "pytorch": 0.5}
     assert tuner.timed_again_if_close({"ort": 1.0, "pytorch": 0.97}, lambda: {"ort": 0.9, "pytorch": 1.1}) == \

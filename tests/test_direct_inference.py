@@ -320,6 +320,8 @@ def test_a_graph_timed_slower_than_eager_runs_the_module_itself(net, monkeypatch
     from lort.reasons import Placement
 
     monkeypatch.setattr(Tuner, "choose_graph_executor", lambda self, times: Placement.PYTORCH)
+    # The timed path, not the small-graph shortcut (test_call_floor.py).
+    monkeypatch.setattr(Tuner, "time_tiny_eager", lambda self, eager, example_inputs: None)
     model, x = net
     om = lort.ORTModule(model, options={**OPTS, "executor": "auto"})
     _check(om, model, x)

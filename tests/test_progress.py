@@ -9,6 +9,7 @@ import torch
 
 import lort
 from lort.backend import LortBackend
+from lort.compile.tuner import Tuner
 from lort.diagnostics import progress
 
 STEPS = ("captured", "translated", "built", "timed", "whole graph timed", "read from the disk cache")
@@ -35,7 +36,8 @@ def one(lines, start, middle=""):
 
 def test_training_step_logs_each_step_once_per_graph(caplog):
     m, x = model(), torch.randn(4, 8)
-    backend = LortBackend({"executor": "auto", "disk_cache": False})
+    # tiny_inputs_bytes=0: the timed path, not the small-graph shortcut (test_call_floor.py)
+    backend = LortBackend({"executor": "auto", "disk_cache": False}, tuner=Tuner(tiny_inputs_bytes=0))
     compiled = torch.compile(m, backend=backend)
     with caplog.at_level(logging.INFO, logger="lort"):
         compiled(x).sum().backward()  # first call: whole graph timed (forward and backward)

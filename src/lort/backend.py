@@ -16,7 +16,7 @@ from .capture import aot_backend
 from .capture import autograd_function, decompositions, distributed
 from .capture import weights as weights_mod
 from .capture.export import ExportedGraph
-from .compile import disk_cache, lifetime
+from .compile import call_floor, disk_cache, lifetime
 from .compile.graph_compiler import GraphCompiler, captured_seconds
 from .compile.graph_executor import ChooseOnFirstCall
 from .compile.tuner import Tuner
@@ -51,6 +51,15 @@ class LortBackend:
         if choice and choice.get("executor") == "pytorch":
             self._record_eager_graph(gm, choice.get("times", {}), cached=True)
             return gm.forward
+        if timed:
+            # A small graph eager PyTorch runs faster than any call through lort: left
+            # uncompiled (compile/call_floor.py).
+            below = call_floor.eager_below_floor(self.tuner, self.options, gm.forward, example_inputs)
+            if below is not None:
+                if cache is not None:
+                    cache.store_record(choice_key, {"executor": "pytorch", "times": below})
+                self._record_eager_graph(gm, below, cached=False)
+                return gm.forward
         # This Dynamo graph's ATen graphs (forward, backward or inference), in compile order.
         own: list[GraphRecord] = []
         capture_start = time.perf_counter()
@@ -121,6 +130,11 @@ class LortBackend:
         ``eager`` (the module itself, over the same arguments) on the first call."""
         gm, inputs = exported.gm, exported.example_inputs
         weights = exported.weights
+        if self._times_whole_graph(inputs, ()):
+            below = call_floor.eager_below_floor(self.tuner, self.options, eager, inputs)
+            if below is not None:
+                self._record_eager_graph(gm, below, cached=False)
+                return eager
         _, record = self.compile_graph(gm, inputs, "inference", None, weights)
         compiled = record.partitioned if record.partitioned is not None else gm
         if not self._times_whole_graph(inputs, ()):
@@ -167,7 +181,8 @@ class LortBackend:
         record = GraphRecord(kind="graph", name=f"g{self._count}_graph", graph_module=gm)
         record.ran_whole_in_pytorch(times, cached=cached)
         self.records.append(record)
-        logger.info("lort: %s runs in eager PyTorch (%s)", record.name, "choice read from the disk cache")
+        logger.info("lort: %s runs in eager PyTorch (%s)", record.name, record.fallbacks[0][1] if record.fallbacks
+                    else "choice read from the disk cache")
 
 
 setattr(LortBackend, autograd_function.BACKEND_MARKER, True)

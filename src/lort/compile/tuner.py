@@ -83,6 +83,13 @@ class Tuner:
     #: 1.15-1.18x in its groups and as a whole, was timed again for 8-14 s in some runs.)
     graph_settled_min_s: float = 0.02
     graph_settled_ratio: float = 1.1
+    #: executor="auto" times a graph whose inputs (weights included) take at most
+    #: ``tiny_inputs_bytes`` in eager PyTorch before compiling it, and runs it there
+    #: uncompiled where eager takes less than lort's cheapest call (compile/call_floor.py):
+    #: one eager call past 20x ``tiny_graph_s``, or samples all past it, end that timing
+    #: (lort's cheapest call: 0.03 ms inference, 0.2 ms training on a 2-core VM).
+    tiny_inputs_bytes: int = 1 << 20
+    tiny_graph_s: float = 0.001
 
     # -- decisions -----------------------------------------------------------------
     def choose_threads(
@@ -229,13 +236,24 @@ class Tuner:
         the fastest of samples taken round-robin on clones of ``example_inputs`` (the
         minimum, because other load on the machine slows PyTorch's OpenMP threads far
         more than ORT's and would bias a median); None if one fails."""
+        return self._timed_graph(candidates, example_inputs, None)
+
+    def time_tiny_eager(self, eager: Callable, example_inputs: list) -> float | None:
+        """Seconds of ``eager``'s call as ``time_graph`` takes it, where at most
+        ``tiny_graph_s``; None as soon as it is sure to take longer (its warm-up call 20x,
+        or its first ``graph_min_samples`` samples, past it), or if it fails."""
+        times = self._timed_graph({"pytorch": eager}, example_inputs, self.tiny_graph_s)
+        return times["pytorch"] if times and times["pytorch"] <= self.tiny_graph_s else None
+
+    def _timed_graph(self, candidates: dict[str, Callable], example_inputs: list,
+                     give_up_s: float | None) -> dict[str, float] | None:
         train = trains(example_inputs)
         device = next((a.device for a in example_inputs if isinstance(a, torch.Tensor) and a.is_cuda), None)
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state(device) if device is not None else None
         try:
             with timing_runs():
-                return self._time_graph(candidates, example_inputs, train, device)
+                return self._time_graph(candidates, example_inputs, train, device, give_up_s)
         except Exception as e:  # noqa: BLE001 - a timing failure must not fail compilation
             logger.info("lort: whole-graph timing failed (%s); keeping lort's graph", e)
             return None
@@ -244,11 +262,14 @@ class Tuner:
             if device is not None:
                 torch.cuda.set_rng_state(cuda_rng, device)
 
-    def _time_graph(self, candidates, example_inputs, train, device) -> dict[str, float]:
+    def _time_graph(self, candidates, example_inputs, train, device, give_up_s=None) -> dict[str, float]:
         args = [_clone(a) for a in example_inputs]
         samples: dict[str, list[float]] = {name: [] for name in candidates}
-        for fn in candidates.values():  # warm-up: lazy compiles (the backward), caches
+        for name, fn in candidates.items():  # warm-up: lazy compiles (the backward), caches
+            t0 = time.perf_counter()
             _step(fn, args, train)
+            if give_up_s is not None and time.perf_counter() - t0 > 20 * give_up_s:
+                return {name: time.perf_counter() - t0}
         spent = 0.0
         while True:
             for name, fn in candidates.items():
@@ -260,6 +281,9 @@ class Tuner:
                 samples[name].append(elapsed)
                 spent += elapsed
             n = len(next(iter(samples.values())))
+            if give_up_s is not None and n >= self.graph_min_samples and any(
+                    min(v) > give_up_s for v in samples.values()):
+                return {name: min(v) for name, v in samples.items()}
             # A call past the budget (a large model's, seconds each): two rounds, the
             # minimum of which is read, tell as much as three.
             long = n >= 2 and min(min(v) for v in samples.values()) > self.graph_budget_s

@@ -129,7 +129,8 @@ def _whole_graph_line(r: GraphRecord) -> str:
         text = "Runs whole in <b>eager PyTorch</b>"
         if t:
             text += (
-                f": timed {fmt_time(t.get('pytorch'))} eager vs {fmt_time(t.get('ort'))} through lort "
+                f": timed {fmt_time(t.get('pytorch'))} eager vs {fmt_time(t.get('ort'))} "
+                f"{'for lort' + chr(39) + 's cheapest call, nothing compiled' if t.get('floor') else 'through lort'} "
                 "(executor='auto')"
             )
         reason = r.fallbacks[0][1] if r.fallbacks else ""

@@ -79,7 +79,12 @@ class GraphRecord:
     def ran_whole_in_pytorch(self, times: dict, cached: bool = False) -> None:
         """The graph this record belongs to runs in eager PyTorch: nothing of it in ORT."""
         self.executor, self.executor_times = Placement.PYTORCH, dict(times)
-        if times:
+        if times.get("floor"):
+            why = (
+                f"eager PyTorch ran the whole graph in {times['pytorch'] * 1e3:.3f} ms, less than lort's cheapest "
+                f"call ({times['ort'] * 1e3:.3f} ms, a one-op graph's); nothing compiled (executor='auto')"
+            )
+        elif times:
             why = (
                 f"the whole graph ran faster in eager PyTorch ({times['pytorch'] * 1e3:.3f} ms vs "
                 f"{times['ort'] * 1e3:.3f} ms through lort; executor='auto')"

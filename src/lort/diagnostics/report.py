@@ -68,8 +68,10 @@ class ExplainReport:
             if r.executor_times:
                 t = r.executor_times
                 where = "eager PyTorch" if r.executor == Placement.PYTORCH else "lort"
-                line += f"  runs through {where} (timed {t['ort'] * 1e3:.3f} ms lort, {t['pytorch'] * 1e3:.3f} ms eager)"
-                if close_call(t):
+                lort_time = "lort's cheapest call" if t.get("floor") else "lort"
+                line += (f"  runs through {where} (timed {t['ort'] * 1e3:.3f} ms {lort_time}, "
+                         f"{t['pytorch'] * 1e3:.3f} ms eager)")
+                if close_call(t) and not t.get("floor"):
                     line += f" [close call: within {CLOSE_CALL:.0%}; another process may choose otherwise]"
             lines.append(line)
         if self.groups:
