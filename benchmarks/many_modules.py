@@ -55,7 +55,9 @@ class Einsum(torch.nn.Module):
         return torch.einsum(self.equation, left + self.bias, right)
 
 
-def run(cases: list[str], options: dict) -> list[float]:
+def run(cases: list[str], options: dict, counts: dict | None = None) -> list[float]:
+    """Seconds per module; ``counts`` gets how many modules ran uncompiled (eager under
+    lort's cheapest call), ran through lort with ORT runs, or ran eager after timing."""
     times = []
     torch.manual_seed(0)
     for eq in cases:
@@ -71,6 +73,15 @@ def run(cases: list[str], options: dict) -> list[float]:
             torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
             torch.testing.assert_close(ort_model.bias.grad, eager.bias.grad, atol=1e-3, rtol=1e-3)
         times.append(time.perf_counter() - start)
+        if counts is not None:
+            records = ort_model.transition_manager.records
+            if any(r.executor_times.get("floor") for r in records):
+                how = "uncompiled"
+            elif all(r.executor == "pytorch" for r in records):
+                how = "eager after timing"
+            else:
+                how = "through lort"
+            counts[how] = counts.get(how, 0) + 1
     return times
 
 
@@ -83,9 +94,11 @@ def main() -> None:
     run(cases[:1], {})  # imports and first-use costs, not counted
     for mode in a.modes.split(","):
         options = {} if mode == "default" else {"mode": mode}
-        times = run(cases, options)
+        counts: dict = {}
+        times = run(cases, options, counts)
         print(f"| {mode} | {len(cases)} | {sum(times):.1f} | {statistics.median(times):.3f} | "
-              f"{max(times):.3f} |", flush=True)
+              f"{max(times):.3f} | {counts.get('uncompiled', 0)} | {counts.get('eager after timing', 0)} | "
+              f"{counts.get('through lort', 0)} |", flush=True)
 
 
 if __name__ == "__main__":
