@@ -352,7 +352,7 @@ def test_ort_fusions_fire_and_can_be_turned_off():
 def test_fused_model_refused_by_ort_falls_back_to_plain_translation(monkeypatch):
     from lort.translate import onnx_export
 
-    def refused_by_ort(model, in_place=False, serializer=None):
+    def refused_by_ort(model, in_place=False, serializer=None, skip_norms=True):
         """The model with a node of an operator ORT does not have."""
         bad = onnx_export.deserialize(onnx_export.serialize(model))
         bad.graph.append(ir.node("NoSuchOp", [bad.graph.outputs[0]], domain="lort.test"))

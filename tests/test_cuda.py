@@ -533,8 +533,8 @@ def _fail_at_first_run(monkeypatch):
     runs (a host-side check, no device-side assert)."""
     real = onnx_export.translate_group
 
-    def broken(gm, name, *structure):
-        model, fuse = real(gm, name, *structure)
+    def broken(gm, name, *structure, **kwargs):
+        model, fuse = real(gm, name, *structure, **kwargs)
         if name.endswith("_probe"):
             return model, fuse
         proto = ir.serde.serialize_model(model)

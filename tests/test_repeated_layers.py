@@ -182,7 +182,14 @@ def _fusions(model, x):
 def test_fusions_across_layer_cuts_fire_as_in_the_whole_group(monkeypatch):
     """GPT-2 is pre-norm: a layer's last residual Add and the next layer's first norm
     fall on either side of a cut, and ORT's own optimizer does not fuse them: the
-    stitched model gets onnxscript's skip-norm fusions (as many as the whole group's)."""
+    stitched model gets onnxscript's skip-norm fusions (as many as the whole group's).
+    Skip-norm fusions are made for groups off the CPU (CUDA) only: the test asks for
+    them here."""
+    from lort.translate import onnx_export
+
+    real = onnx_export.translate_group
+    monkeypatch.setattr(onnx_export, "translate_group",
+                        lambda gm, name, structure=None, skip_norms=True: real(gm, name, structure, skip_norms=True))
     cfg = transformers.GPT2Config(n_layer=6, n_embd=32, n_head=2, vocab_size=100, n_positions=32)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg).eval()
@@ -197,6 +204,32 @@ def test_fusions_across_layer_cuts_fire_as_in_the_whole_group(monkeypatch):
         eager = model(x).logits
         ref = copy.deepcopy(model).double()(x).logits
     assert_close_to_reference(split_out, eager, ref, "6-layer GPT-2, stitched")
+
+
+def test_cpu_groups_get_no_skip_norm_fusions():
+    """ORT's CPU SkipLayerNormalization and SkipSimplifiedLayerNormalization kernels run
+    slower than the Add and norm they fuse (benchmarks/skip_norm.md): CPU groups keep
+    Add + LayerNormalization (GPT-2) and Add + SimplifiedLayerNormalization (Llama's RMS
+    norm), within and across layer cuts, and match eager."""
+    models = []
+    for make in (
+        lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=4, n_embd=32, n_head=2, vocab_size=100, n_positions=32)),
+        lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            num_hidden_layers=4, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+            num_key_value_heads=2, vocab_size=100, max_position_embeddings=32)),
+    ):
+        torch.manual_seed(0)
+        models.append(make().eval())
+    x = torch.randint(0, 100, (1, 12))
+    for model in models:
+        torch._dynamo.reset()
+        out, fired = _fusions(model, x)
+        assert not fired["skip_layer_normalization"] and not fired["skip_rms_normalization"], fired
+        with torch.no_grad():
+            torch.testing.assert_close(out, model(x).logits, rtol=1e-4, atol=1e-5)
+    # The norms themselves are fused (the skip-norm fusions being the only ones left out).
+    assert fired["rms_normalization"] > 0, fired
 
 
 @pytest.mark.parametrize("fails", ["stitching the rewritten layers", "the fusions across cuts"])

@@ -67,7 +67,7 @@ def frozen_model(model: ir.Model, frozen: tuple[FrozenWeight, ...], tensors: lis
 
 
 def candidates(model: ir.Model, frozen: tuple[FrozenWeight, ...], options: Options,
-               tensors: list[torch.Tensor] | None = None, fuse=None) -> list:
+               tensors: list[torch.Tensor] | None = None, fuse=None, skip_norms: bool = True) -> list:
     """Functions giving (``OnnxModel``, ORT fusions that fired), or None where the
     rewrite fails, to try in order: ORT-fused first (with ``options.ort_fusions``),
     then plain, with the weights frozen. The weights never enter the model's bytes:
@@ -76,10 +76,12 @@ def candidates(model: ir.Model, frozen: tuple[FrozenWeight, ...], options: Optio
     them as initializers, onnxscript's optimizer folded each linear layer's transposed
     weight into a new initializer (a copy of every such weight, BERT-base's 374 MB),
     where ORT folds it into the product or packs it once. ``fuse``: the rewrite
-    (onnx_export.translate_group's; ``fuse_for_ort`` of ``model`` when None)."""
+    (onnx_export.translate_group's; ``fuse_for_ort`` of ``model``, with ``skip_norms``,
+    when None)."""
 
     def fused():
-        rewrite = fuse or (lambda serializer: onnx_export.fuse_for_ort(model, serializer=serializer))
+        rewrite = fuse or (lambda serializer: onnx_export.fuse_for_ort(model, serializer=serializer,
+                                                                       skip_norms=skip_norms))
         rewritten, fusions = rewrite(serializer=lambda m: m)
         if rewritten is None:
             return None

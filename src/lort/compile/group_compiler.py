@@ -127,7 +127,8 @@ class GroupCompiler:
             twin_key = (structure, key, tuple(w.index for w in frozen), str(device))
         twin = self._twins.get(twin_key) if twin_key is not None else None
         with _timed(times, "translate"):
-            model, fuse = onnx_export.translate_group(phys_gm, name, structure)
+            # ORT's CPU skip-norm kernels are slower than the ops they fuse.
+            model, fuse = onnx_export.translate_group(phys_gm, name, structure, skip_norms=device.type != "cpu")
             plain = onnx_export.serialize(model)
         # What runs after the fused model fails (weights are never frozen with transforms).
         plain_run = self._transformed(plain, name)
@@ -252,7 +253,8 @@ class GroupCompiler:
         initializers holding ``tensors`` (theirs when None), ORT-fused when ``fused``
         (the plain frozen model where ORT refuses the fused one), and the model it runs."""
         options = self.options if fused else dataclasses.replace(self.options, ort_fusions=False)
-        models = freezing.candidates(onnx_export.deserialize(plain_bytes), frozen, options, tensors)
+        models = freezing.candidates(onnx_export.deserialize(plain_bytes), frozen, options, tensors,
+                                     skip_norms=device.type != "cpu")
         for i, make in enumerate(models):
             made = make()
             if made is None:

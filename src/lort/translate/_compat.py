@@ -153,10 +153,12 @@ FOLD_OUTPUT_SIZE_LIMIT = 8192
 _FOLD_LIMIT_LOCK = threading.Lock()
 
 
-def optimize_for_ort(model: ir.Model) -> tuple[ir.Model, dict[str, int]]:
+def optimize_for_ort(model: ir.Model, skip_norms: bool = True) -> tuple[ir.Model, dict[str, int]]:
     """onnxscript's ORT-specific fusion rewrites (in place) and their counts; its
-    optimizer folds no constant of more than FOLD_OUTPUT_SIZE_LIMIT elements."""
+    optimizer folds no constant of more than FOLD_OUTPUT_SIZE_LIMIT elements.
+    ``skip_norms=False`` leaves out its two skip-norm fusions (see SKIP_NORM_FUSIONS)."""
     from onnxscript import optimizer, rewriter
+    from onnxscript.rewriter.ort_fusions import _core as ort_core
     from onnxscript.rewriter.ort_fusions import optimize_for_ort as _optimize_for_ort
 
     _guard_fused_matmul_batch_rules()
@@ -171,11 +173,31 @@ def optimize_for_ort(model: ir.Model) -> tuple[ir.Model, dict[str, int]]:
         optimizer.optimize.__kwdefaults__ = {**(saved or {}), "output_size_limit": FOLD_OUTPUT_SIZE_LIMIT}
         quadratic = _quadratic_rules()
         rewriter._DEFAULT_REWRITE_RULES = tuple(r for r in rules if r not in quadratic)
+        # fuse_xformers calls its fusions by their names in its module.
+        fusions = {name: getattr(ort_core, name) for name in SKIP_NORM_FUSIONS}
+        if not skip_norms:
+            for name in fusions:
+                setattr(ort_core, name, _no_fusion)
         try:
             return _optimize_for_ort(model)
         finally:
             optimizer.optimize.__kwdefaults__ = saved
             rewriter._DEFAULT_REWRITE_RULES = rules
+            for name, fn in fusions.items():
+                setattr(ort_core, name, fn)
+
+
+#: onnxscript's fusions of a residual Add and the norm after it into ORT's
+#: SkipLayerNormalization / SkipSimplifiedLayerNormalization. ORT 1.31's CPU kernels of
+#: those run slower than its Add and LayerNormalization (or SimplifiedLayerNormalization)
+#: kernels they replace, 24 of each, 2 threads (benchmarks/skip_norm.md): 0.48 against
+#: 0.12 ms at 17x192, 6.5 against 1.9 ms at 128x768; 0.54 against 0.21 ms for the RMS
+#: forms at 16x1024. lort leaves them out of groups that run on CPU.
+SKIP_NORM_FUSIONS = ("fuse_skip_layer_normalization", "fuse_skip_rms_normalization")
+
+
+def _no_fusion(model, debug: bool = False, **kwargs) -> int:
+    return 0
 
 
 def _quadratic_rules() -> tuple:
@@ -237,13 +259,15 @@ def _guard_fused_matmul_batch_rules() -> None:
         rule._condition_function = guarded
 
 
-def fuse_across_cuts(model: ir.Model) -> dict[str, int]:
+def fuse_across_cuts(model: ir.Model, skip_norms: bool = True) -> dict[str, int]:
     """onnxscript's ORT fusions that can span two consecutive layers, applied (in place)
     to a model stitched from layers rewritten one by one (translate/repeated.py): a
     residual Add ending one layer with the norm starting the next becomes ORT's
     SkipLayerNormalization or SkipSimplifiedLayerNormalization (GPT-2 small's decode:
     13 of 25 left unfused, 7% slower per token, where ORT's own optimizer fused none of
-    them). The counts of each."""
+    them). The counts of each. Nothing where ``skip_norms`` is False (optimize_for_ort)."""
+    if not skip_norms:
+        return {}
     from onnxscript.rewriter.ort_fusions.skip_normalization import (
         fuse_skip_layer_normalization,
         fuse_skip_rms_normalization,

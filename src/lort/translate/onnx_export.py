@@ -27,36 +27,38 @@ def group_to_onnx(gm: torch.fx.GraphModule, name: str) -> ir.Model:
     return translate_group(gm, name)[0]
 
 
-def translate_group(gm: torch.fx.GraphModule, name: str, structure: str | None = None) -> tuple[ir.Model, object]:
+def translate_group(gm: torch.fx.GraphModule, name: str, structure: str | None = None,
+                    skip_norms: bool = True) -> tuple[ir.Model, object]:
     """The group's ONNX model (inputs the placeholders, outputs the output tuple), and
     its ``fuse(serializer=None)``: the model with onnxscript's ORT rewrites, as
-    ``fuse_for_ort`` gives it. A group that repeats a layer (translate/repeated.py) is
-    translated, and rewritten, once per distinct layer; inside ``shared_runs``, a group
-    of the structure of one translated before shares that one's model and rewrite
-    (``structure``: ``repeated.structure(gm.graph)`` where the caller has it)."""
+    ``fuse_for_ort`` gives it (``skip_norms``: its argument). A group that repeats a
+    layer (translate/repeated.py) is translated, and rewritten, once per distinct layer;
+    inside ``shared_runs``, a group of the structure of one translated before shares
+    that one's model and rewrite (``structure``: ``repeated.structure(gm.graph)`` where
+    the caller has it)."""
     known = _store("groups")
-    key = (structure or repeated.structure(gm.graph)) if _shared is not None else None
+    key = ((structure or repeated.structure(gm.graph)), skip_norms) if _shared is not None else None
     if key in known:
         return known[key]
-    translated = _translate_group(gm, name)
+    translated = _translate_group(gm, name, skip_norms)
     if key is not None:
         known[key] = translated
     return translated
 
 
-def _translate_group(gm: torch.fx.GraphModule, name: str) -> tuple[ir.Model, object]:
+def _translate_group(gm: torch.fx.GraphModule, name: str, skip_norms: bool) -> tuple[ir.Model, object]:
     try:
         runs = repeated.split(gm)
         if runs is None:
             _prepare(gm)
             model = off_compile_thread(_compat.translate_graph, gm.graph, name, registry())
             _name_io(model)
-            return model, _once(functools.partial(fuse_for_ort, model))
+            return model, _once(functools.partial(fuse_for_ort, model, skip_norms=skip_norms))
         models = off_compile_thread(_translate_runs, runs, name)
         model = off_compile_thread(_stitched, name, gm, runs, models)
     except Exception as e:
         raise TranslationError(f"could not translate group {name!r} to ONNX: {_root_cause(e)}") from e
-    return model, _once(functools.partial(_fuse_runs, name, gm, runs, models))
+    return model, _once(functools.partial(_fuse_runs, name, gm, runs, models, skip_norms=skip_norms))
 
 
 def _prepare(gm: torch.fx.GraphModule) -> None:
@@ -135,16 +137,17 @@ def _stitched(name: str, gm: torch.fx.GraphModule, runs: list, models: dict[str,
     return model
 
 
-def _fuse_runs(name: str, gm: torch.fx.GraphModule, runs: list, models: dict[str, ir.Model], serializer=None):
+def _fuse_runs(name: str, gm: torch.fx.GraphModule, runs: list, models: dict[str, ir.Model], serializer=None,
+               skip_norms: bool = True):
     """``fuse`` of a group translated run-wise: each distinct run rewritten once (one
     whose rewrite fails stays plain), the rewritten runs stitched."""
     fused, counts, known = {}, collections.Counter(), _store("fused")
     copies = collections.Counter(r.key for r in runs)
     for key, model in models.items():
-        if key not in known:
-            rewritten, fired = fuse_for_ort(model, serializer=lambda m: m)
-            known[key] = (model if rewritten is None else rewritten, fired)
-        fused[key], fired = known[key]
+        if (key, skip_norms) not in known:
+            rewritten, fired = fuse_for_ort(model, serializer=lambda m: m, skip_norms=skip_norms)
+            known[(key, skip_norms)] = (model if rewritten is None else rewritten, fired)
+        fused[key], fired = known[(key, skip_norms)]
         for op, n in fired.items():
             counts[op] += n * copies[key]
     try:
@@ -153,7 +156,7 @@ def _fuse_runs(name: str, gm: torch.fx.GraphModule, runs: list, models: dict[str
         logger.info("lort: %s: stitching its rewritten layers failed: %s", name, _root_cause(e))
         return None, {}
     try:
-        for op, n in off_compile_thread(_compat.fuse_across_cuts, model).items():
+        for op, n in off_compile_thread(_compat.fuse_across_cuts, model, skip_norms).items():
             counts[op] += n
     except Exception as e:  # noqa: BLE001 - an optimization: the stitched model stands as it is
         logger.info("lort: %s: fusions across its layers' cuts failed: %s", name, _root_cause(e))
@@ -219,16 +222,18 @@ def deserialize(model_bytes: bytes) -> ir.Model:
     return ir.serde.deserialize_model(onnx.ModelProto.FromString(model_bytes))
 
 
-def fuse_for_ort(model: ir.Model, in_place: bool = False, serializer=None) -> tuple[object, dict[str, int]]:
+def fuse_for_ort(model: ir.Model, in_place: bool = False, serializer=None,
+                 skip_norms: bool = True) -> tuple[object, dict[str, int]]:
     """The model rewritten with onnxscript's ORT fusions (GELU, skip layer norm,
     attention, fused matmuls, ...), serialized by ``serializer`` (``serialize``: bytes),
     and the count of each fusion that fired; (None, {}) when the rewrite fails or
     changes the model's interface. ``model`` is not changed, unless ``in_place`` (no
-    copy: a model holding frozen weights is not copied)."""
+    copy: a model holding frozen weights is not copied). ``skip_norms=False``: without
+    the skip-norm fusions (slower on ORT's CPU kernels: _compat.SKIP_NORM_FUSIONS)."""
     copy = model if in_place else ir.serde.deserialize_model(ir.serde.serialize_model(model))
     io_names = _io_names(model)
     try:
-        fused, counts = off_compile_thread(_compat.optimize_for_ort, copy)
+        fused, counts = off_compile_thread(_compat.optimize_for_ort, copy, skip_norms)
     except Exception as e:  # the rewriter is an optimization: never fatal
         logger.info("lort: ORT fusion rewrites failed on %s: %s", model.graph.name, _root_cause(e))
         return None, {}
