@@ -63,14 +63,13 @@ def floor_s(options: Options, train: bool) -> float | None:
 def _measure_into(options: Options, train: bool, out: dict) -> None:
     # lort.stats counts the user's sessions and runs, not these (the caller waits: no
     # other lort work runs meanwhile).
-    sessions, runs = stats.sessions_created, stats.ort_runs
+    counts = stats.snapshot()
     try:
         out["s"] = _measure(options, train)
     except Exception as e:  # noqa: BLE001 - no floor: the graph is compiled as usual
         logger.info("lort: could not measure lort's own cost of a call (%s: %s)", type(e).__name__, e)
     finally:
-        with stats._lock:
-            stats.sessions_created, stats.ort_runs = sessions, runs
+        stats.restore(counts)
 
 
 def _measure(options: Options, train: bool, samples: int = 60) -> float:

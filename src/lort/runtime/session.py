@@ -47,6 +47,15 @@ class _Stats:
         with self._lock:
             self.sessions_created += 1
 
+    def snapshot(self) -> tuple[int, int]:
+        return self.sessions_created, self.ort_runs
+
+    def restore(self, snapshot: tuple[int, int]) -> None:
+        """Back to ``snapshot()``'s counts: lort's own sessions and runs (compile/call_floor.py)
+        are not the user's."""
+        with self._lock:
+            self.sessions_created, self.ort_runs = snapshot
+
 
 stats = _Stats()
 
