@@ -130,14 +130,15 @@ class LortBackend:
         ``eager`` (the module itself, over the same arguments) on the first call."""
         gm, inputs = exported.gm, exported.example_inputs
         weights = exported.weights
-        if self._times_whole_graph(inputs, ()):
+        timed = self._times_whole_graph(inputs, ())
+        if timed:
             below = call_floor.eager_below_floor(self.tuner, self.options, eager, inputs)
             if below is not None:
                 self._record_eager_graph(gm, below, cached=False)
                 return eager
         _, record = self.compile_graph(gm, inputs, "inference", None, weights)
         compiled = record.partitioned if record.partitioned is not None else gm
-        if not self._times_whole_graph(inputs, ()):
+        if not timed:
             return compiled
         cache = disk_cache.for_options(self.options)
         key = disk_cache.inputs_key(gm, inputs, self.options, "graph executor")

@@ -127,8 +127,7 @@ class GroupCompiler:
             twin_key = (structure, key, tuple(w.index for w in frozen), str(device))
         twin = self._twins.get(twin_key) if twin_key is not None else None
         with _timed(times, "translate"):
-            # ORT's CPU skip-norm kernels are slower than the ops they fuse.
-            model, fuse = onnx_export.translate_group(phys_gm, name, structure, skip_norms=device.type != "cpu")
+            model, fuse = onnx_export.translate_group(phys_gm, name, structure, skip_norms=_skip_norms(device))
             plain = onnx_export.serialize(model)
         # What runs after the fused model fails (weights are never frozen with transforms).
         plain_run = self._transformed(plain, name)
@@ -254,7 +253,7 @@ class GroupCompiler:
         (the plain frozen model where ORT refuses the fused one), and the model it runs."""
         options = self.options if fused else dataclasses.replace(self.options, ort_fusions=False)
         models = freezing.candidates(onnx_export.deserialize(plain_bytes), frozen, options, tensors,
-                                     skip_norms=device.type != "cpu")
+                                     skip_norms=_skip_norms(device))
         for i, make in enumerate(models):
             made = make()
             if made is None:
@@ -435,3 +434,10 @@ def _where(gm: torch.fx.GraphModule, where: list[int] | None) -> tuple[int, ...]
 def _device(gm: torch.fx.GraphModule) -> torch.device:
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     return torch.device(out_node.args[0][0].meta["val"].device)
+
+
+def _skip_norms(device: torch.device) -> bool:
+    """Whether a group on ``device`` gets onnxscript's skip-norm fusions: not on CPU, where
+    ORT's SkipLayerNormalization kernels run slower than the ops they fuse
+    (translate/_compat.py: SKIP_NORM_FUSIONS)."""
+    return device.type != "cpu"

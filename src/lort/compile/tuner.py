@@ -87,7 +87,7 @@ class Tuner:
     #: ``tiny_inputs_bytes`` in eager PyTorch before compiling it, and runs it there
     #: uncompiled where eager takes less than lort's cheapest call (compile/call_floor.py):
     #: one eager call past 20x ``tiny_graph_s``, or samples all past it, end that timing
-    #: (lort's cheapest call: 0.03 ms inference, 0.2 ms training on a 2-core VM).
+    #: (lort's cheapest call: 0.03 ms inference, 0.14 ms training on a 2-core VM).
     tiny_inputs_bytes: int = 1 << 20
     tiny_graph_s: float = 0.001
 

@@ -128,9 +128,9 @@ def _whole_graph_line(r: GraphRecord) -> str:
     if r.executor == Placement.PYTORCH:
         text = "Runs whole in <b>eager PyTorch</b>"
         if t:
+            lort_time = "for lort's cheapest call, nothing compiled" if t.get("floor") else "through lort"
             text += (
-                f": timed {fmt_time(t.get('pytorch'))} eager vs {fmt_time(t.get('ort'))} "
-                f"{'for lort' + chr(39) + 's cheapest call, nothing compiled' if t.get('floor') else 'through lort'} "
+                f": timed {fmt_time(t.get('pytorch'))} eager vs {fmt_time(t.get('ort'))} {lort_time} "
                 "(executor='auto')"
             )
         reason = r.fallbacks[0][1] if r.fallbacks else ""
