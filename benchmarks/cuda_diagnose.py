@@ -11,7 +11,10 @@ asserts; stderr is not captured, so ORT's own message before an abort shows.
   optimizer changed in each group.
 - ``release``: 'vit' forward and backward, then the model dropped (lort releases its
   sessions): the process aborted inside that release. Each stage is printed before it
-  runs, with a device synchronize between stages.
+  runs, with a device synchronize between stages. It passed in the second GPU run: the
+  synchronizes let ORT's end-of-run host function run before the sessions were freed,
+  the cause of the abort (runtime/cuda.py: drain); tests/test_cuda.py's
+  test_model_dropped_while_its_last_run_is_queued is the failing case.
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@
 # start and each piece well under a minute together, install about 40 s, tests 75 s (8
 # workers), bench for bert,resnet50 with --profile over 230 s (resnet50 train32 not
 # reached), memory for bert 46 s. So: pieces, `install tests diagnose`, then bench and
-# memory for the models most wanted, each call right after the last.
+# memory for the models most wanted, each call right after the last. A second H200
+# session: `install tests diagnose` 161 s (tests 95 s), PROFILE=0 bench of gpt2,vit_s16
+# 205 s, of llama infer1,infer32 about 90 s, memory for bert,gpt2 95 s.
 #
 # Each call must follow the last within the machine's warm time (30 s idle) or the machine is
 # a fresh one: /tmp/site is gone and the pieces must be sent again ("install" says so).

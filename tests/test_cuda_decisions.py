@@ -227,3 +227,42 @@ def test_cuda_provider_options_ask_for_float32_precision_and_keep_the_users(monk
     opts = cuda.provider_options(1, tf32=True, user=user)
     assert opts == {"device_id": "1", "use_tf32": "1", "enable_skip_layer_norm_strict_mode": "0",
                     "user_compute_stream": "1234"}
+
+
+def test_a_session_that_ran_on_cuda_waits_for_its_stream_before_it_is_freed(monkeypatch):
+    """ORT's end-of-run host function holds the session's pinned arena; a session freed
+    before its stream has run it made CUDA refuse the arena's cudaFreeHost inside that
+    function and ORT abort the process (an H200, twice). A CUDA session that ran drains
+    lort's stream of its device when freed; one that never ran, or a CPU one, does not.
+    Checked on a CPU session given a CUDA session's stream order (the GPU side:
+    tests/test_cuda.py, test_model_dropped_while_its_last_run_is_queued)."""
+    import gc
+
+    from lort.options import Options
+    from lort.runtime.session import GroupSession, OutputSpec
+
+    drained = []
+    monkeypatch.setattr(cuda, "drain", drained.append)
+    x = torch.randn(3)
+
+    def session(ran: bool, cuda_order: bool) -> GroupSession:
+        from onnx import TensorProto, helper
+
+        graph = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "neg",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+        s = GroupSession(model.SerializeToString(), torch.device("cpu"), [OutputSpec(torch.float32, (3,))],
+                         Options(), "neg", count=False)
+        if ran:
+            torch.testing.assert_close(s.run([x])[0], -x)
+        if cuda_order:
+            s._order = type("Order", (), {"index": 1})()  # as a CUDA session of device 1 has
+        return s
+
+    for ran, cuda_order, expected in ((True, True, [1]), (False, True, []), (True, False, [])):
+        drained.clear()
+        s = session(ran, cuda_order)
+        del s
+        gc.collect()
+        assert drained == expected, (ran, cuda_order, drained)

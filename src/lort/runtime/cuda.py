@@ -162,6 +162,32 @@ class StreamOrder:
         current.wait_stream(self.stream)
 
 
+def drain(index: int) -> None:
+    """Wait until the work queued on lort's stream of device ``index`` has run, before a
+    session that ran on it is freed (``GroupSession.__del__``).
+
+    ORT's CUDA provider frees the pinned host buffers of a run (the small host arrays
+    its kernels copy to the GPU) from a host function it queues on the run's stream at
+    the end of the run (``CudaStream::CleanUpOnRunEnd``); that function holds a
+    reference to the session's pinned-memory arena. Where the session is freed first,
+    the host function drops the last reference, and the arena's destructor calls
+    ``cudaFreeHost`` inside a CUDA host function, where the CUDA API is not permitted:
+    error 800, and ORT's exception ends the process ("terminate called ...", seen on an
+    H200 when a dropped model's sessions were released). Once the stream has run the
+    host function, the session holds the last reference and frees the arena on the
+    thread that drops it. Skipped while the current stream is capturing a CUDA graph
+    (a synchronize would break the capture)."""
+    stream = _streams.get(index)
+    if stream is None:
+        return
+    try:
+        if torch.cuda.is_current_stream_capturing():
+            return
+        stream.synchronize()
+    except Exception:  # noqa: BLE001 - at interpreter exit torch's CUDA state may be gone
+        pass
+
+
 def synchronize(device: torch.device | None) -> None:
     """Host sync for timing (never on the run path); nothing off CUDA."""
     if device is not None and device.type == "cuda":

@@ -135,6 +135,13 @@ class GroupSession:
         # on the first run.
         self._placeholder: torch.Tensor | None = None
 
+    def __del__(self) -> None:
+        # A CUDA session that ran is freed only after its stream has run ORT's end-of-run
+        # host function (runtime/cuda.py: drain). getattr: __init__ may have failed.
+        order = getattr(self, "_order", None)
+        if order is not None and getattr(self, "_placeholder", None) is not None:
+            cuda.drain(order.index)
+
     def run(self, args) -> list[torch.Tensor]:
         """Run on torch tensors (and Python int/float scalars), sharing memory with ORT."""
         with self._lock:
