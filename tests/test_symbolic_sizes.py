@@ -62,3 +62,35 @@ def test_the_rewrite_gives_the_inputs_arithmetic():
     a, b = torch.randn(5), torch.randn(2)
     assert gm(a, b).shape == f(a, b).shape == (14,)
     assert done == len(computed)
+
+
+def test_outputs_ort_allocates_are_new_memory_each_run():
+    """A group whose output shapes are known only after a run lets ORT allocate them;
+    its binding (inputs bound once) clears the last run's outputs before the next, so a
+    second run never writes into a tensor the first returned, and inputs whose memory
+    changed are bound again."""
+    from onnx import TensorProto, helper
+
+    from lort.options import Options
+    from lort.runtime.session import GroupSession, OutputSpec
+
+    graph = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "neg",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    sess = GroupSession(model.SerializeToString(), torch.device("cpu"), [OutputSpec(torch.float32, None)],
+                        Options(), "neg", count=False)
+    assert not sess.static_outputs
+    x = torch.arange(4.0)
+    first = sess.run([x])[0]
+    kept = first.clone()
+    second = sess.run([x])[0]  # same input memory: bound once
+    assert first.data_ptr() != second.data_ptr()
+    x.copy_(torch.arange(10.0, 14.0))  # same memory, new values
+    third = sess.run([x])[0]
+    y = torch.arange(5.0)  # new memory and shape
+    fourth = sess.run([y])[0]
+    torch.testing.assert_close(first, kept)
+    torch.testing.assert_close(second, kept)
+    torch.testing.assert_close(third, -torch.arange(10.0, 14.0))
+    torch.testing.assert_close(fourth, -y)
