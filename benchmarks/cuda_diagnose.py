@@ -9,6 +9,9 @@ asserts; stderr is not captured, so ORT's own message before an abort shows.
   SkipLayerNormalization in ORT's default mode (one-pass variance, E[x^2] - mean^2; lort
   now asks for strict mode, runtime/cuda.py), and with TF32 flags on, beside what ORT's
   optimizer changed in each group.
+- ``by_op``: the same model with one ATen op at a time in ORT, the rest in PyTorch: the
+  error each op's ORT kernels bring (the second GPU run ruled out every fusion and the
+  SkipLayerNormalization mode; the plain graph carries it).
 - ``release``: 'vit' forward and backward, then the model dropped (lort releases its
   sessions): the process aborted inside that release. Each stage is printed before it
   runs, with a device synchronize between stages. It passed in the second GPU run: the
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import operator
 import os
 import sys
 
@@ -81,6 +85,51 @@ def precision(name: str, device: str) -> None:
     torch.backends.cudnn.allow_tf32 = True
 
 
+def by_op(name: str, device: str) -> None:
+    """The model with one ATen op at a time in ORT (every other node in PyTorch, through a
+    support check that refuses them): which op's ORT kernels carry the error."""
+    import lort
+    from lort import LortBackend
+    from lort.fusion import support
+    from lort.reasons import Reason, ReasonKind
+    from lort.testing.models import output_tensor
+    from test_models import make
+
+    model, args = make(name, seed=1, device=device)
+    model.eval()
+    with torch.no_grad():
+        ref = output_tensor(copy.deepcopy(model).double()(*[a.double() if a.is_floating_point() else a
+                                                            for a in args]))
+        eager = output_tensor(model(*args))
+
+    def run() -> tuple[float, LortBackend]:
+        torch._dynamo.reset()
+        backend = LortBackend(lort.Options(executor="ort", disk_cache=False))  # no plan from an earlier run
+        with torch.no_grad():
+            out = output_tensor(torch.compile(copy.deepcopy(model), backend=backend)(*args))
+        return _err(out, ref), backend
+
+    err, backend = run()
+    ops = sorted({op for r in backend.records for g in r.groups for op in g.ops})
+    print(f"{name}: eager error {_err(eager, ref):.3g}; lort, every op in ORT: {err:.3g}; ops {ops}", flush=True)
+    plain = support.SupportChecker.reason
+    try:
+        for op in ops:
+            def only(self, node, op=op):
+                why = plain(self, node)
+                # getitem goes where its producer goes (a tuple never crosses a group's edge)
+                if why is None and node.target is not operator.getitem and support.op_name(node) != op:
+                    return Reason(ReasonKind.NOT_ATEN, f"diagnose: only {op} in ORT")
+                return why
+
+            support.SupportChecker.reason = only
+            err, backend = run()
+            placed = sum(1 for r in backend.records for g in r.groups)
+            print(f"  only {op} in ORT ({placed} group(s)): lort error {err:.3g}", flush=True)
+    finally:
+        support.SupportChecker.reason = plain
+
+
 def release(name: str, device: str) -> None:
     from lort.testing.models import output_tensor
     from test_models import loss_of, make
@@ -112,12 +161,14 @@ def release(name: str, device: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["precision", "release"])
+    ap.add_argument("what", choices=["precision", "by_op", "release"])
     ap.add_argument("--model", default=None, help="default: transformer (precision), vit (release)")
     ap.add_argument("--device", default="cuda", help="cuda (what it is for), or cpu to try the script")
     a = ap.parse_args()
     if a.what == "precision":
         precision(a.model or "transformer", a.device)
+    elif a.what == "by_op":
+        by_op(a.model or "transformer", a.device)
     else:
         release(a.model or "vit", a.device)
     return 0

@@ -157,9 +157,12 @@ step_bench() {
 
 step_diagnose() {
   need_site
-  # What tests/test_cuda.py left open on the H200 (2026-11-26): printed, stderr included.
+  # What tests/test_cuda.py left open on the H200 (2026-11-26): printed, stderr included
+  # (by_op: the transformer's float32 gap, one ATen op at a time in ORT).
   { timeout -s INT "${DIAGNOSE_TIMEOUT:-240}" python3 benchmarks/cuda_diagnose.py precision
     echo "precision exit status $?"
+    timeout -s INT "${DIAGNOSE_TIMEOUT:-240}" python3 benchmarks/cuda_diagnose.py by_op
+    echo "by_op exit status $?"
     timeout -s INT "${DIAGNOSE_TIMEOUT:-240}" python3 benchmarks/cuda_diagnose.py release
     echo "release exit status $? (134: aborted)"
   } 2>&1 | grep -v "No registered plugin EP device" | tee "$OUT/diagnose.log"
