@@ -140,7 +140,10 @@ class GroupSession:
         # host function (runtime/cuda.py: drain). getattr: __init__ may have failed.
         order = getattr(self, "_order", None)
         if order is not None and getattr(self, "_placeholder", None) is not None:
-            cuda.drain(order.index)
+            try:
+                cuda.drain(order.index)
+            except Exception:  # noqa: BLE001 - at interpreter exit this module's globals may be gone
+                pass
 
     def run(self, args) -> list[torch.Tensor]:
         """Run on torch tensors (and Python int/float scalars), sharing memory with ORT."""
