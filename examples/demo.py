@@ -16,14 +16,18 @@ import lort
 from lort.testing.models import bert, output_tensor
 
 
-def timeit(fn, repeats=15):
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def timeit(fns, repeats=15):
+    """The median seconds of each of ``fns``, called round-robin (one after the other,
+    ``repeats`` times) so that each sees the same state of the machine."""
+    for fn in fns:
         fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+    samples = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, times in zip(fns, samples):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return [statistics.median(times) for times in samples]
 
 
 def where(backend):
@@ -71,9 +75,9 @@ def main():
     train_step(auto_compiled, opt_a)
     print(f"\ntraining with the default executor='auto': {where(auto_backend)}")
 
-    t_train_e = timeit(lambda: train_step(eager_model, opt_e))
-    t_train_o = timeit(lambda: train_step(ort_compiled, opt_o))
-    t_train_a = timeit(lambda: train_step(auto_compiled, opt_a))
+    t_train_e, t_train_o, t_train_a = timeit([lambda: train_step(eager_model, opt_e),
+                                              lambda: train_step(ort_compiled, opt_o),
+                                              lambda: train_step(auto_compiled, opt_a)])
 
     # Inference at batch 1, lort's default.
     one_ids, one_mask = ids[:1], mask[:1]
@@ -86,8 +90,7 @@ def main():
         out = output_tensor(infer(one_ids, one_mask))
         err = (out - ref).abs().max().item()
         assert err < 1e-4, f"lort inference differs from eager by {err}"
-        t_inf_e = timeit(lambda: eager_model(one_ids, one_mask), 50)
-        t_inf_l = timeit(lambda: infer(one_ids, one_mask), 50)
+        t_inf_e, t_inf_l = timeit([lambda: eager_model(one_ids, one_mask), lambda: infer(one_ids, one_mask)], 50)
     print(f"inference batch 1 (executor='auto'): {where(infer_backend)}; max abs diff vs eager {err:.2e}")
 
     print(f"\n{'':<34}{'eager ms':>10}{'lort ms':>10}{'speed-up':>10}")
