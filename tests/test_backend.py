@@ -56,12 +56,29 @@ def test_unknown_option_is_a_type_error_listing_valid_keys():
         ({"fallback": "ignore"}, "fallback='ignore'"),
         ({"max_group_args": 1}, "max_group_args=1"),
         ({"providers": "CPUExecutionProvider"}, "must be a list of ORT provider names"),
+        ({"providers": [("CPUExecutionProvider",)]}, "must be a list of ORT provider names"),
+        ({"providers": [["CUDAExecutionProvider", "arena"]]}, "or \\(name, options dict\\) pairs"),
         ({"graph_optimization_level": "max"}, "graph_optimization_level='max'"),
     ],
 )
 def test_bad_option_values_are_clear_errors(options, message):
     with pytest.raises(ValueError, match=message):
         lort.Options.resolve(options)
+
+
+def test_provider_pairs_may_come_as_lists_as_json_gives_them():
+    """JSON (LORT_OPTIONS of the benchmarks, a config file) has no tuples: a [name, options]
+    list is taken as the (name, options) pair it stands for."""
+    import json
+
+    opts = lort.Options.resolve(json.loads(
+        '{"providers": [["CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"}]]}'))
+    assert opts.providers == (("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"}),)
+    x, w = inputs()
+    for executor in ("ort", "auto"):  # auto: the call floor and the timings keyed by these options
+        torch._dynamo.reset()
+        out = torch.compile(f, backend="lort", options={"providers": opts.providers, "executor": executor})(x, w)
+        torch.testing.assert_close(out, f(x, w), rtol=1e-5, atol=1e-6)
 
 
 def test_torch_compile_mode_sets_lorts_run_mode_or_is_a_clear_error():

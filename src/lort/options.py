@@ -62,6 +62,17 @@ def _env_float(name: str, default: float) -> float:
         raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
 
 
+def _provider_entry(p: Any) -> "str | tuple | None":
+    """An entry of ``Options.providers`` as ORT takes it: a provider name, or a
+    (name, options dict) pair given as a tuple or a list (JSON has no tuples); None if
+    it is neither."""
+    if isinstance(p, str):
+        return p
+    if isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], Mapping):
+        return (p[0], dict(p[1]))
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """How lort compiles and runs a model.
@@ -218,14 +229,16 @@ class Options:
             )
         object.__setattr__(self, "pre_ort_model_transforms", tuple(transforms or ()))
         if self.providers is not None:
-            if isinstance(self.providers, str) or not all(
-                isinstance(p, (str, tuple)) for p in self.providers
-            ):
+            entries = None if isinstance(self.providers, (str, bytes, Mapping)) else [
+                _provider_entry(p) for p in self.providers]
+            if entries is None or any(e is None for e in entries):
                 raise ValueError(
                     f"lort option providers={self.providers!r} must be a list of ORT provider names "
-                    f"(or (name, options) pairs), e.g. ['CPUExecutionProvider']"
+                    f"or (name, options dict) pairs, e.g. ['CPUExecutionProvider'] or "
+                    f"[('CUDAExecutionProvider', {{'arena_extend_strategy': 'kSameAsRequested'}}), "
+                    f"'CPUExecutionProvider']"
                 )
-            object.__setattr__(self, "providers", tuple(self.providers))
+            object.__setattr__(self, "providers", tuple(entries))
 
     @classmethod
     def valid_keys(cls) -> list[str]:
