@@ -19,7 +19,11 @@
 #     (no carry)           MODELS=resnet50 bash benchmarks/gpu_run.sh bench
 #     (no carry)           bash benchmarks/gpu_run.sh memory
 #     (no carry)           BACKENDS=lort LORT_OPTIONS='{"share_cuda_arena": true}' bash benchmarks/gpu_run.sh memory
-#                          (one arena per device instead of per session: the default once measured)
+#                          (one arena per device instead of per session: the default once its
+#                          test, test_one_cuda_arena_per_device_matches_eager, passes on a GPU)
+#     (no carry)           BACKENDS=lort LORT_OPTIONS='{"providers": [["CUDAExecutionProvider",
+#                          {"arena_extend_strategy": "kSameAsRequested"}], "CPUExecutionProvider"]}' ... memory
+#                          (per-session arenas that grow by what is asked, not by doubling)
 # (timeout_s 600 for each; a bench call that stops at BENCH_TIMEOUT keeps its finished rows:
 # rerun what is missing with MODELS=... SCENARIOS=...)
 # Seen on an H200 (2026-11-26), with 15 minutes of device time for the whole session: the
@@ -106,6 +110,7 @@ step_plan() {
   echo "  command: bash benchmarks/gpu_run.sh memory"
   echo "  command: BACKENDS=lort LORT_OPTIONS='{\"share_cuda_arena\": true}' bash benchmarks/gpu_run.sh memory"
   echo "  command: BACKENDS=lort LORT_OPTIONS='{\"executor\": \"ort\"}' bash benchmarks/gpu_run.sh memory"
+  echo "  command: BACKENDS=lort LORT_OPTIONS='{\"providers\": [[\"CUDAExecutionProvider\", {\"arena_extend_strategy\": \"kSameAsRequested\"}], \"CPUExecutionProvider\"]}' bash benchmarks/gpu_run.sh memory"
 }
 
 step_piece() {
