@@ -47,10 +47,9 @@ def _err(a: torch.Tensor, ref: torch.Tensor) -> float:
     return (a.double() - ref).abs().max().item()
 
 
-def precision(name: str, device: str) -> None:
-    import lort
-    from lort import LortBackend
-    from lort.diagnostics.records import ort_optimizer_text
+def _model_and_reference(name: str, device: str):
+    """tests/test_models.py's ``name`` in eval mode, its inputs, and its output in float64
+    and in eager float32."""
     from lort.testing.models import output_tensor
     from test_models import make
 
@@ -60,6 +59,15 @@ def precision(name: str, device: str) -> None:
         ref = output_tensor(copy.deepcopy(model).double()(*[a.double() if a.is_floating_point() else a
                                                             for a in args]))
         eager = output_tensor(model(*args))
+    return model, args, ref, eager
+
+
+def precision(name: str, device: str) -> None:
+    import lort
+    from lort import LortBackend
+    from lort.diagnostics.records import ort_optimizer_text
+    from lort.testing.models import output_tensor
+    model, args, ref, eager = _model_and_reference(name, device)
     print(f"{name}: eager error {_err(eager, ref):.3g} (scale {ref.abs().max().item():.3g})", flush=True)
     for label, options, tf32 in (("defaults", {}, False), ("ort_fusions=False", {"ort_fusions": False}, False),
                                  ("ORT's optimizer at 'basic' (no ORT fusions)",
@@ -93,14 +101,7 @@ def by_op(name: str, device: str) -> None:
     from lort.fusion import support
     from lort.reasons import Reason, ReasonKind
     from lort.testing.models import output_tensor
-    from test_models import make
-
-    model, args = make(name, seed=1, device=device)
-    model.eval()
-    with torch.no_grad():
-        ref = output_tensor(copy.deepcopy(model).double()(*[a.double() if a.is_floating_point() else a
-                                                            for a in args]))
-        eager = output_tensor(model(*args))
+    model, args, ref, eager = _model_and_reference(name, device)
 
     def run() -> tuple[float, LortBackend]:
         torch._dynamo.reset()

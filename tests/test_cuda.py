@@ -116,6 +116,20 @@ def _assert_grads(eager_model, lort_params, ref_model, what) -> None:
     assert checked > 0, what
 
 
+def _step_against_eager(model, lort_model, cm, ref_model, args, name, what) -> None:
+    """One forward and backward of eager, lort (``cm`` compiles ``lort_model``) and the
+    float64 reference from zeroed gradients: lort's output and gradients within budget."""
+    for m in (model, lort_model, ref_model):
+        m.zero_grad(set_to_none=True)
+    out_e, out_l = output_tensor(model(*args)), output_tensor(cm(*args))
+    out_r = output_tensor(ref_model(*_double_args(args)))
+    assert_close_to_reference(out_l, out_e, out_r, f"{name} {what}")
+    loss_of(out_e).backward()
+    loss_of(out_l).backward()
+    _ref_loss(out_r).backward()
+    _assert_grads(model, lort_model.parameters(), ref_model, f"{name} {what}")
+
+
 # -- every model of tests/test_models.py on CUDA ------------------------------------------
 @pytest.fixture
 def float32_precision():
@@ -334,15 +348,7 @@ def test_one_cuda_arena_per_device_matches_eager(name, float32_precision):
     cm = torch.compile(lort_model, backend=backend)
     runs = lort.stats.ort_runs
     for step in range(2):
-        for m in (model, lort_model, ref_model):
-            m.zero_grad(set_to_none=True)
-        out_e, out_l = output_tensor(model(*args)), output_tensor(cm(*args))
-        out_r = output_tensor(ref_model(*_double_args(args)))
-        assert_close_to_reference(out_l, out_e, out_r, f"{name} step {step} output")
-        loss_of(out_e).backward()
-        loss_of(out_l).backward()
-        _ref_loss(out_r).backward()
-        _assert_grads(model, lort_model.parameters(), ref_model, f"{name} step {step}")
+        _step_against_eager(model, lort_model, cm, ref_model, args, name, f"step {step}")
     assert memory._arenas.get(f"cuda:{torch.cuda.current_device()}") is True, "ORT did not take the shared arena"
     assert lort.stats.ort_runs > runs
 
@@ -567,16 +573,7 @@ def test_dynamic_shapes(name):
     for batch in (2, 3, 5, 8):
         _, args = CASES[name].make(batch, seed=batch)
         args = tuple(a.to(DEVICE) for a in args)
-        for m in (model, lort_model, ref_model):
-            m.zero_grad(set_to_none=True)
-        out_e = output_tensor(model(*args))
-        out_l = output_tensor(cm(*args))
-        out_r = output_tensor(ref_model(*_double_args(args)))
-        assert_close_to_reference(out_l, out_e, out_r, f"{name} batch {batch}")
-        loss_of(out_e).backward()
-        loss_of(out_l).backward()
-        _ref_loss(out_r).backward()
-        _assert_grads(model, lort_model.parameters(), ref_model, f"{name} batch {batch}")
+        _step_against_eager(model, lort_model, cm, ref_model, args, name, f"batch {batch}")
         total = sum(len(mod.sessions) for r in backend.records for mod in r.group_modules.values())
         sessions = total if sessions is None else sessions
         assert total == sessions, f"batch {batch}: new sessions ({total} vs {sessions}) for a dynamic graph"
@@ -590,16 +587,7 @@ def test_ortmodule_on_cuda(name):
     om = lort.ORTModule(copy.deepcopy(model))
     runs = lort.stats.ort_runs
     for step in range(2):
-        for m in (model, om, ref_model):
-            m.zero_grad(set_to_none=True)
-        out_e = output_tensor(model(*args))
-        out_l = output_tensor(om(*args))
-        out_r = output_tensor(ref_model(*_double_args(args)))
-        assert_close_to_reference(out_l, out_e, out_r, f"{name} step {step} output")
-        loss_of(out_e).backward()
-        loss_of(out_l).backward()
-        _ref_loss(out_r).backward()
-        _assert_grads(model, om.parameters(), ref_model, f"{name} step {step}")
+        _step_against_eager(model, om, om, ref_model, args, name, f"step {step}")
     assert lort.stats.ort_runs > runs
 
 
