@@ -4,6 +4,8 @@ onnxruntime-training's ORTModule does: ``self(...)`` inside ``generate`` or a cu
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -211,3 +213,72 @@ def test_whisper_generate_which_calls_super_runs_through_ortmodule():
     assert torch.equal(om.generate(input_features=features, **kw), want)
     assert lort.stats.ort_runs - before >= 12
     assert len(om.transition_manager.captures) <= 3, om.transition_manager.captures
+
+
+_log = logging.getLogger("lort.tests.logs")  # at module level, as libraries keep theirs
+
+
+class Logs(nn.Module):
+    """Logs in its forward, as transformers' models do (their causal LMs call
+    ``logger.warning_once`` in every forward with labels)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x):
+        _log.warning("forward of %s", type(self).__name__)
+        _log.info("input shape %s", tuple(x.shape))
+        return self.lin(x).tanh()
+
+
+def _assert_trains_in_ort_as_eager(model, call, loss_of):
+    """ORTModule(model) makes ORT runs and no capture failure, and its loss and gradients
+    match eager's (float32, against a float64 copy within eager's own error budget)."""
+    import copy
+    import warnings
+
+    from test_models import assert_close_to_reference
+
+    ref = copy.deepcopy(model).double()
+    om = lort.ORTModule(copy.deepcopy(model))
+    runs = lort.stats.ort_runs
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*capture or compile failed.*")
+        loss_l = loss_of(call(om, torch.float32))
+    loss_e, loss_r = loss_of(call(model, torch.float32)), loss_of(call(ref, torch.float64))
+    assert lort.stats.ort_runs > runs, "nothing ran in ORT"
+    assert_close_to_reference(loss_l, loss_e, loss_r, "loss")
+    for m in (om, model, ref):
+        loss_of(call(m, next(m.parameters()).dtype)).backward()
+    checked = 0
+    for (name, p_e), p_l, p_r in zip(model.named_parameters(), om.parameters(), ref.parameters()):
+        if p_e.grad is not None:
+            assert_close_to_reference(p_l.grad, p_e.grad, p_r.grad, f"grad {name}")
+            checked += 1
+    assert checked
+
+
+def test_logging_calls_in_forward_do_not_keep_a_module_out_of_ort():
+    """A ``logging.Logger`` call in forward is a no-op in ORTModule's graph (as in
+    torch.export; module/logging_calls.py), not a failed capture that runs the module in
+    PyTorch. Dynamo's setting is the user's again after the call."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 8)
+    before = set(torch._dynamo.config.ignore_logging_functions)
+    _assert_trains_in_ort_as_eager(Logs(), lambda m, dtype: m(x.to(dtype)), lambda out: out.pow(2).mean())
+    assert set(torch._dynamo.config.ignore_logging_functions) == before
+
+
+def test_a_causal_lm_with_labels_trains_through_ortmodule_in_ort():
+    """transformers' GPT-2 LM head with labels (its forward calls ``logger.warning_once``
+    about ``loss_type``): trained in PyTorch with no ORT run before."""
+    make_torchvision_importable()
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    ids = torch.randint(0, 1000, (2, 16))
+    _assert_trains_in_ort_as_eager(model, lambda m, dtype: m(input_ids=ids, labels=ids), lambda out: out.loss)

@@ -41,7 +41,7 @@ from ..backend import LortBackend
 from ..compile import lifetime
 from ..errors import CaptureError, LortError
 from ..options import Options
-from . import debug_files, direct, io
+from . import debug_files, direct, io, logging_calls
 from .state import ModuleState
 
 logger = logging.getLogger("lort.module")
@@ -317,7 +317,8 @@ class TransitionManager:
     def _run(self, entry: Entry, tensors: list, args: tuple, kwargs: dict, objects: tuple = ()) -> Any:
         before = entry.graph_count()
         try:
-            out_tensors, out_spec = entry.fn(objects, *tensors)
+            with logging_calls.ignored():  # a call may capture (module/logging_calls.py)
+                out_tensors, out_spec = entry.fn(objects, *tensors)
         except Exception as e:
             # Dynamo's and lort's errors are capture or compile failures; on an entry's
             # first call, so is anything else (its graph has never run).
