@@ -144,3 +144,26 @@ def test_lorts_cheapest_call_is_measured_once_and_not_counted(monkeypatch, train
     assert call_floor.floor_s(options, train) == first and measured == [train]
     # The user's counters count the user's sessions and runs only.
     assert (lort.stats.sessions_created, lort.stats.ort_runs) == (sessions, runs)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_save_onnx_writes_the_files_of_a_graph_run_in_eager_pytorch(monkeypatch, tmp_path, train):
+    """Options.save_onnx asks for every graph's models: a graph run in eager PyTorch by
+    lort's choice is translated for the files alone, and still runs in PyTorch."""
+    import onnx
+
+    monkeypatch.setattr(call_floor, "floor_s", lambda options, train: 1e-3)
+    monkeypatch.setattr(Tuner, "time_tiny_eager", lambda self, eager, example_inputs: 0.5e-3)
+    model = _Bias()
+    backend = LortBackend({"executor": "auto", "disk_cache": False, "save_onnx": str(tmp_path)})
+    left, right = torch.rand(4, 8), torch.rand(8, 6)
+    with torch.set_grad_enabled(train):
+        out = torch.compile(model, backend=backend)(left, right)
+    torch.testing.assert_close(out, model(left, right), rtol=0, atol=0)  # PyTorch ran it
+    assert [(r.kind, r.executor) for r in backend.records] == [("graph", "pytorch")]
+    files = sorted(p.name for p in tmp_path.iterdir())
+    kinds = ("forward", "backward") if train else ("inference",)
+    for kind in kinds:
+        assert any(f"_{kind}_" in f and f.endswith(".onnx") for f in files), files
+    for f in files:
+        onnx.checker.check_model(onnx.load(str(tmp_path / f)))

@@ -525,6 +525,93 @@ def test_save_onnx_writes_onnxruntime_trainings_file_names(tmp_path, monkeypatch
     assert len(both.graph.output) > len(forward.graph.output)  # the backward's groups beside the forward's
 
 
+_ORT_NAMES = ("torch_exported", "optimized_pre_grad", "optimized", "execution_model")
+
+
+def _ort_files(directory, prefix):
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(prefix) and p.name.endswith(".onnx")
+                  and any(p.name.startswith(f"{prefix}_{n}_") for n in _ORT_NAMES))
+
+
+def _small():
+    torch.manual_seed(15)
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+
+
+def _eager_by_choice(monkeypatch):
+    """lort's cheapest call fixed above eager's time: every graph runs in eager PyTorch."""
+    from lort.compile import call_floor
+    from lort.compile.tuner import Tuner
+
+    monkeypatch.setattr(call_floor, "floor_s", lambda options, train: 1e-3)
+    monkeypatch.setattr(Tuner, "time_tiny_eager", lambda self, eager, example_inputs: 0.5e-3)
+
+
+def test_save_onnx_writes_the_files_of_a_module_run_in_eager_pytorch(tmp_path, monkeypatch):
+    """A small module lort runs in eager PyTorch (under its cheapest call) still gets the
+    files asked for, by onnxruntime-training's names and lort's own; it runs in PyTorch."""
+    import onnx
+
+    _eager_by_choice(monkeypatch)
+    model = _small()
+    eager = copy.deepcopy(model)
+    om = ORTModule(model, DebugOptions(save_onnx=True, onnx_prefix="small", save_path=str(tmp_path)),
+                   options={"executor": "auto"})
+    x = torch.randn(16, 8)
+    out = om(x)
+    torch.testing.assert_close(out, eager(x), rtol=0, atol=0)
+    out.sum().backward()
+    assert [(r.kind, r.executor) for r in om.transition_manager.records] == [("graph", "pytorch")]
+    assert _ort_files(tmp_path, "small") == sorted(f"small_{n}_training.onnx" for n in _ORT_NAMES)
+    own = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("small_train_s1_g"))
+    assert any("_forward_" in f for f in own) and any("_backward_" in f for f in own), own
+    for f in tmp_path.iterdir():
+        if f.suffix == ".onnx":
+            onnx.checker.check_model(onnx.load(str(f)))
+    om.eval()
+    with torch.no_grad():  # direct inference, under the cheapest call too
+        om(x)
+    assert {f"small_{n}_inference.onnx" for n in ("torch_exported", "optimized", "execution_model")} <= set(
+        _ort_files(tmp_path, "small"))
+
+
+def test_save_onnx_names_files_by_the_modules_mode(tmp_path):
+    """In eval mode with grad enabled, onnxruntime-training's names say inference, as it
+    does (its training manager runs only in train mode with grad)."""
+    om = ORTModule(_small(), DebugOptions(save_onnx=True, onnx_prefix="ev", save_path=str(tmp_path)))
+    om.eval()
+    om(torch.randn(16, 8)).sum().backward()
+    assert _ort_files(tmp_path, "ev") == [f"ev_{n}_inference.onnx" for n in ("execution_model", "optimized",
+                                                                            "torch_exported")]
+    both = onnx_load(tmp_path / "ev_optimized_inference.onnx")
+    assert len(both.graph.output) > len(onnx_load(tmp_path / "ev_torch_exported_inference.onnx").graph.output)
+
+
+def onnx_load(path):
+    import onnx
+
+    return onnx.load(str(path))
+
+
+def test_save_onnx_says_which_files_could_not_be_written(tmp_path, monkeypatch):
+    from lort.module import debug_files
+
+    _eager_by_choice(monkeypatch)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(debug_files, "side_by_side", broken)
+    model = _small()
+    om = ORTModule(model, DebugOptions(save_onnx=True, onnx_prefix="small", save_path=str(tmp_path)),
+                   options={"executor": "auto"})
+    x = torch.randn(16, 8)
+    with pytest.warns(UserWarning, match=r"runs in eager PyTorch \(lort's choice\), and its ONNX files "
+                                         r"\(small_\*_training.onnx .*could not be written: RuntimeError: disk full"):
+        out = om(x)
+    torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+
+
 def test_debug_options_errors_are_onnxruntime_trainings(tmp_path, monkeypatch):
     (tmp_path / "a_file").write_text("")
     unwritable = tmp_path / "a_file" / "onnx"  # under a file: no directory can be made there (even as root)

@@ -5,8 +5,10 @@ See ARCHITECTURE.md for the stages and the data that flows between them."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+import warnings
 from typing import Any, Callable, Mapping
 
 import torch
@@ -50,6 +52,7 @@ class LortBackend:
         choice = cache.load_record(choice_key) if cache else None
         if choice and choice.get("executor") == "pytorch":
             self._record_eager_graph(gm, choice.get("times", {}), cached=True)
+            self._save_files_of_eager_graph(gm, example_inputs)
             return gm.forward
         if timed:
             # A small graph eager PyTorch runs faster than any call through lort: left
@@ -59,6 +62,7 @@ class LortBackend:
                 if cache is not None:
                     cache.store_record(choice_key, {"executor": "pytorch", "times": below})
                 self._record_eager_graph(gm, below, cached=False)
+                self._save_files_of_eager_graph(gm, example_inputs)
                 return gm.forward
         # This Dynamo graph's ATen graphs (forward, backward or inference), in compile order.
         own: list[GraphRecord] = []
@@ -135,6 +139,7 @@ class LortBackend:
             below = call_floor.eager_below_floor(self.tuner, self.options, eager, inputs)
             if below is not None:
                 self._record_eager_graph(gm, below, cached=False)
+                self._save_files_of_eager_graph(gm, inputs, exported=True)
                 return eager
         _, record = self.compile_graph(gm, inputs, "inference", None, weights)
         compiled = record.partitioned if record.partitioned is not None else gm
@@ -176,6 +181,47 @@ class LortBackend:
         tensors = [a for a in example_inputs if isinstance(a, torch.Tensor)]
         # One device, CPU or CUDA (timed with a device sync around each sample).
         return bool(tensors) and len({a.device for a in tensors}) == 1 and tensors[0].device.type in ("cpu", "cuda")
+
+    # -- ONNX files of a graph that runs in eager PyTorch --------------------------------
+    def _saves_files(self) -> bool:
+        """The user asked for every graph's ONNX files (Options.save_onnx)."""
+        return bool(self.options.save_onnx)
+
+    def _files_backend(self, options: Options) -> "LortBackend":
+        """A backend with ``options`` that writes the same files as this one."""
+        return LortBackend(options, self.tuner)
+
+    def _save_files_of_eager_graph(self, gm: torch.fx.GraphModule, example_inputs: list,
+                                   exported: bool = False) -> None:
+        """A graph lort chose to run in eager PyTorch (under its cheapest call, or by a
+        choice in the disk cache) is compiled nothing for: where files were asked for,
+        it is translated for them alone (every group in ORT, the backward too, weights
+        not frozen), and the sessions built for that are released at once. A failure is
+        a warning that names the files left unwritten; the graph still runs in PyTorch."""
+        if not self._saves_files():
+            return
+        opts = dataclasses.replace(self.options, executor="ort", freeze=False)
+        files = self._files_backend(opts)
+        files._count = self._count
+        try:
+            if exported:  # an inference graph of torch.export (no AOTAutograd)
+                files.compile_graph(gm, example_inputs, "inference")
+            else:
+                # AOTAutograd compiles a backward when it first runs; these never run.
+                with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+                    files(gm, example_inputs)
+            logger.info("lort: %s runs in eager PyTorch; its ONNX files were written all the same (save_onnx)",
+                        self.records[-1].name)
+        except Exception as e:  # noqa: BLE001 - files only: the graph runs in PyTorch all the same
+            msg = (f"lort: {self.records[-1].name} runs in eager PyTorch (lort's choice), and its ONNX files "
+                   f"({self._files_wanted()}) could not be written: {type(e).__name__}: {str(e).strip()[:300]}")
+            warnings.warn(msg, stacklevel=2)
+            logger.warning("%s", msg)
+        finally:
+            lifetime.release(files.records)
+
+    def _files_wanted(self) -> str:
+        return f"the groups' models in {self.options.save_onnx}"
 
     def _record_eager_graph(self, gm: torch.fx.GraphModule, times: dict, cached: bool) -> None:
         self._count += 1

@@ -386,7 +386,14 @@ def _clone(a):
     """A copy the timing runs may mutate. Leaves that require grad (parameters) are
     used as they are: a graph cannot modify them in place (autograd forbids it), and
     gradients are taken with autograd.grad, which leaves their .grad alone; not
-    copying them keeps the timing from doubling the model's memory."""
+    copying them keeps the timing from doubling the model's memory. A symbolic size
+    (a graph captured with dynamic shapes gets its sizes as SymInts) is its hint, the
+    value of this call: running eager code on the SymInt itself would specialize the
+    graph on that value (a guard), and Dynamo would capture it again for every size."""
+    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        if not a.node.has_hint():
+            raise ValueError(f"a symbolic size without a value to time with ({a})")
+        return a.node.hint
     if not isinstance(a, torch.Tensor) or (a.requires_grad and a.is_leaf):
         return a
     c = a.detach().clone()  # clone keeps a dense tensor's strides

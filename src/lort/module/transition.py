@@ -20,7 +20,9 @@ its own, so Dynamo's cache of one entry never serves or evicts another. Shapes a
 the key: they follow the core's dynamic-shape rules (the first shape change re-captures
 the entry with dynamic dims). Any re-capture Dynamo makes inside an entry (a shape
 change, or a guard on something outside the key, like ``model.config``) is counted and
-logged with its reason too. Entries live in a bounded LRU cache.
+logged with its reason too. A forward that specializes on a size is captured once more
+with every size dynamic, and never reaches the user's loop as Dynamo's recompile-limit
+error (module/recapture.py). Entries live in a bounded LRU cache.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import dataclasses
 import inspect
 import logging
 import os
-import sys
 import types
 import warnings
 from typing import Any, Callable
@@ -39,9 +40,11 @@ import torch
 
 from ..backend import LortBackend
 from ..compile import lifetime
-from ..errors import CaptureError, LortError
+from ..errors import CaptureError
 from ..options import Options
-from . import debug_files, direct, io, logging_calls
+from . import debug_files, direct, io, logging_calls, recapture
+from .recapture import is_capture_failure as _is_capture_failure, one_line as _one_line
+from .recapture import user_stacklevel as _user_stacklevel
 from .state import ModuleState
 
 logger = logging.getLogger("lort.module")
@@ -77,6 +80,7 @@ class Entry:
         self.eager = False  # capture failed: runs the module in PyTorch
         self.last_shapes: list | None = None
         self.code: types.CodeType | None = None  # the code object Dynamo caches this entry on
+        self.size = recapture.SizeState()  # how new input sizes are captured (module/recapture.py)
         # Direct inference (no grad): runners by input shapes, the last one used, and why
         # the entry cannot take the direct path (it then goes through Dynamo).
         self.direct = not key.grad_enabled
@@ -86,7 +90,8 @@ class Entry:
 
     @property
     def records(self) -> list:
-        return list(self.backend.records) if self.backend is not None else []
+        live = [r for records in self.size.retired for r in records]
+        return live + (list(self.backend.records) if self.backend is not None else [])
 
     def graph_count(self) -> int:
         if self.backend is None:
@@ -121,19 +126,11 @@ def _forward_arg_names(module: torch.nn.Module) -> list[str]:
     return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-def _is_capture_failure(e: BaseException) -> bool:
-    return isinstance(e, (LortError, torch._dynamo.exc.TorchDynamoException))
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    first = next((line for line in text if line.strip()), type(e).__name__)
-    return f"{type(e).__name__}: {first}"
-
-
-class TransitionManager:
+class TransitionManager(recapture.SizePolicy):
     """Owns ORTModule's state machine: schema -> cached entry, reuse or re-capture with
-    a reason, fallback, output restoration. ``captures`` lists every capture."""
+    a reason, fallback, output restoration. ``captures`` lists every capture. How new
+    input sizes are captured, and what happens past Dynamo's recompile limit, is
+    ``recapture.SizePolicy``'s."""
 
     def __init__(self, module: torch.nn.Module, options: Options, name: str = "",
                  save_onnx: tuple[str, str] | None = None):
@@ -275,16 +272,13 @@ class TransitionManager:
         save = None
         if self._save_onnx is not None:
             directory, prefix = self._save_onnx
-            save = (directory, f"{prefix}_{mode}_s{index}", prefix)
-            self._write_schema(directory, save[1], key)
-        backend = debug_files.ModuleBackend(self.options, save)
-        raw = _make_flat_fn(self.module, key.spec, f"lort_ortmodule_s{index}")
-        fn = torch.compile(raw, backend=backend, fullgraph=True, dynamic=None)
-        entry = Entry(index, key, fn, backend)
-        entry.code = raw.__code__
-        # The entry's sessions and frozen weights go with it (evicted, or the ORTModule
-        # dropped), though Dynamo keeps its compiled graphs (compile/lifetime.py).
-        lifetime.release_with(entry, backend.records)
+            # onnxruntime-training's file names say the module's mode, as its
+            # training manager runs only in train mode with grad enabled.
+            names = "training" if self.module.training and key.grad_enabled else "inference"
+            save = debug_files.Save(directory, f"{prefix}_{mode}_s{index}", prefix, names)
+            self._write_schema(directory, save.stem, key)
+        entry = Entry(index, key, None, None)
+        self._compile_fn(entry, debug_files.ModuleBackend(self.options, save), dynamic=None)
         self.entries[key] = entry
         while len(self.entries) > self.options.schema_cache_size:
             old_key, old = self.entries.popitem(last=False)
@@ -304,6 +298,19 @@ class TransitionManager:
             )
         return entry
 
+    def _compile_fn(self, entry: Entry, backend: debug_files.ModuleBackend, dynamic: bool | None) -> None:
+        """The entry's function over flat tensors, compiled by ``backend`` on a code object
+        of its own (``dynamic`` as torch.compile's: None for automatic dynamic shapes,
+        True for every size dynamic, False for static sizes)."""
+        tag = f"{recapture.CODE_PREFIX}{entry.index}" + {None: "", True: "_dynamic", False: "_static"}[dynamic]
+        raw = _make_flat_fn(self.module, entry.key.spec, tag)
+        entry.fn = torch.compile(raw, backend=backend, fullgraph=True, dynamic=dynamic)
+        entry.backend = backend
+        entry.code = raw.__code__
+        # The entry's sessions and frozen weights go with it (evicted, or the ORTModule
+        # dropped), though Dynamo keeps its compiled graphs (compile/lifetime.py).
+        lifetime.release_with(entry, backend.records)
+
     def _write_schema(self, directory: str, stem: str, key: SchemaKey) -> None:
         os.makedirs(directory, exist_ok=True)
         paths = io.arg_paths(key.spec, self._arg_names)
@@ -315,22 +322,32 @@ class TransitionManager:
             f.write("\n".join(lines) + "\n")
 
     def _run(self, entry: Entry, tensors: list, args: tuple, kwargs: dict, objects: tuple = ()) -> Any:
+        size = entry.size
+        if size.past_limit and self._known_uncompiled(entry, tensors):
+            return self.module(*args, **kwargs)
         before = entry.graph_count()
         try:
             with logging_calls.ignored():  # a call may capture (module/logging_calls.py)
                 out_tensors, out_spec = entry.fn(objects, *tensors)
         except Exception as e:
+            new_fn = size.mode in ("dynamic", "static") and entry.last_shapes is None  # a second capture's first call
+            if entry.calls > 0 and (new_fn or recapture.is_recompile_limit(e) or _is_capture_failure(e)):
+                return self._recapture_failed(entry, e, new_fn, tensors, args, kwargs, objects)
             # Dynamo's and lort's errors are capture or compile failures; on an entry's
             # first call, so is anything else (its graph has never run).
             if entry.calls == 0 or _is_capture_failure(e):
                 return self._fallback(entry, e, args, kwargs)
             raise
-        after = entry.graph_count()
-        if after != before:
-            if entry.calls > 0:
-                self._log_capture(entry, self._recapture_reason(entry, tensors))
+        specialized = None
+        if entry.graph_count() != before and entry.calls > 0 and not size.announced:
+            reason, dims = self._recapture_reason(entry, tensors)
+            self._log_capture(entry, reason)
+            specialized = size.specialized(dims)
+        size.announced = False
         entry.calls += 1
         entry.last_shapes = [t.shape for t in tensors]
+        if specialized:
+            self._specializes(entry, specialized)
         return io.unflatten(out_spec, out_tensors)
 
     def _fallback(self, entry: Entry, error: BaseException, args: tuple, kwargs: dict) -> Any:
@@ -379,36 +396,6 @@ class TransitionManager:
         if not parts:
             return "schema not in the cache (evicted or never seen)"
         return "; ".join(parts)
-
-    def _recapture_reason(self, entry: Entry, tensors: list) -> str:
-        """Why Dynamo captured an entry again: a shape change (dynamic shapes), or one of
-        Dynamo's guards on something outside the schema key."""
-        parts = []
-        if entry.last_shapes is not None:
-            paths = io.arg_paths(entry.key.spec, self._arg_names)
-            for path, old, t in zip(paths, entry.last_shapes, tensors):
-                if tuple(old) != tuple(t.shape):
-                    parts.append(f"input '{path}' shape changed {tuple(old)} -> {tuple(t.shape)}")
-        if parts:
-            return "; ".join(parts) + " (captured again with dynamic shapes)"
-        failures = torch._dynamo.utils.guard_failures.get(entry.code)
-        if failures:
-            # "0/1: module.config.problem_type is None   # if ...  # file:line in forward"
-            guard = failures[-1].split("\n")[0].split(": ", 1)[-1]
-            code, _, where = guard.partition("#")
-            where = where.rsplit("#", 1)[-1].strip()
-            return f"Dynamo guard failed: {code.strip()}" + (f" ({where})" if where else "")
-        return "Dynamo captured the entry again"
-
-
-def _user_stacklevel() -> int:
-    """The stacklevel of ``warnings.warn`` (called in this module) that names the user's
-    call: the first frame outside lort and torch.nn's Module call machinery."""
-    skip = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep, torch.nn.Module.__call__.__code__.co_filename)
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(skip):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _autocast() -> bool:
