@@ -60,6 +60,46 @@ def test_user_methods_are_the_modules_functions_bound_to_the_wrapper():
     assert type(om).scale == 2.0 and type(om).predict is Scorer.predict
 
 
+def test_assigning_a_method_on_the_wrapper_leaves_the_users_module_alone():
+    """As onnxruntime-training's ORTModule (which copied the class's methods onto itself):
+    a method assigned on the wrapper stays there; a parameter goes to the wrapped module
+    (which then captures again); deleting the assignment shows the module's method."""
+
+    class UserNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dummy = nn.Parameter(torch.zeros(1))
+
+        def forward(self, a):
+            return a + self.dummy
+
+        def custom_method(self, a):
+            return a
+
+    def my_new_custom_method(self, a, b, c):
+        return a + b + c
+
+    pt_model = UserNet()
+    ort_model = lort.ORTModule(pt_model, options={"executor": "ort"})
+    ort_model.custom_method = my_new_custom_method.__get__(ort_model)
+    assert ort_model.custom_method(1, 2, 3) == 6
+    assert pt_model.custom_method(5) == 5 and "custom_method" not in pt_model.__dict__
+    plain = lambda a: a * 10  # noqa: E731 - a function that is not a method, stored as it is
+    ort_model.custom_method = plain
+    assert ort_model.custom_method is plain and pt_model.custom_method(5) == 5
+
+    x = torch.ones(2)
+    torch.testing.assert_close(ort_model(x), x)
+    ort_model.dummy = nn.Parameter(torch.full((1,), 2.0))
+    assert pt_model.dummy is ort_model.dummy and "dummy" not in ort_model.__dict__
+    torch.testing.assert_close(ort_model(x), x + 2)  # the module's new parameter, captured again
+    ort_model.new_attribute = 7  # a new attribute reaches the module, as in onnxruntime-training
+    assert pt_model.new_attribute == 7
+
+    del ort_model.custom_method
+    assert ort_model.custom_method(5) == 5 and ort_model.custom_method.__self__ is ort_model
+
+
 def test_self_call_inside_a_user_method_runs_through_ort():
     om, module = _wrapped()
     x = torch.randn(3, 8)

@@ -34,6 +34,17 @@ def bound(value: Any, module: torch.nn.Module, name: str, wrapper: torch.nn.Modu
     return types.MethodType(func, wrapper)
 
 
+def is_user_method(module: torch.nn.Module, name: str, wrapper_cls: type) -> bool:
+    """``name`` is a method the wrapped class defines (not ``forward``, not a dunder, not
+    torch.nn.Module's own function, not a name of the wrapper class): one that
+    onnxruntime-training's ORTModule copied onto itself, so that assigning it on the
+    wrapper replaces the wrapper's copy and leaves the user's module alone."""
+    if name.startswith("__") or name == "forward" or hasattr(wrapper_cls, name):
+        return False
+    func = getattr(type(module), name, None)
+    return isinstance(func, types.FunctionType) and getattr(torch.nn.Module, name, None) is not func
+
+
 def _calls_super(func) -> bool:
     while func is not None:  # a decorated method: each function of its __wrapped__ chain
         code = getattr(func, "__code__", None)

@@ -283,16 +283,24 @@ class ORTModule(torch.nn.Module, metaclass=_WrapperClass):
         return super().__getattr__(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _OWN or "_lort_module" not in self.__dict__:
+        # As onnxruntime-training's ORTModule: a name the wrapper holds (its own state,
+        # nn.Module's dicts, a method assigned on it before) or a method of the wrapped
+        # class (which that ORTModule copied onto itself) is set on the wrapper and
+        # leaves the user's module alone; anything else (parameters, buffers,
+        # submodules, new attributes) goes to the module, which then captures again.
+        d = self.__dict__
+        if name == "training" and "_lort_module" in d:
+            setattr(d["_lort_module"], name, value)
             object.__setattr__(self, name, value)
-        elif name == "training":
-            setattr(self._lort_module, name, value)
+        elif (name in _OWN or name in d or "_lort_module" not in d
+              or methods.is_user_method(d["_lort_module"], name, ORTModule)):
             object.__setattr__(self, name, value)
         else:
-            setattr(self._lort_module, name, value)
+            setattr(d["_lort_module"], name, value)
 
     def __delattr__(self, name: str) -> None:
-        if name in _OWN and name in self.__dict__:
+        # A method assigned on the wrapper: deleting it shows the module's own again.
+        if name in self.__dict__ and name != "training":
             object.__delattr__(self, name)
         else:
             delattr(self._lort_module, name)
