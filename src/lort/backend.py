@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import time
 import warnings
+import weakref
 from typing import Any, Callable, Mapping
 
 import torch
@@ -18,7 +19,7 @@ from .capture import aot_backend
 from .capture import autograd_function, decompositions, distributed
 from .capture import weights as weights_mod
 from .capture.export import ExportedGraph
-from .compile import call_floor, disk_cache, lifetime
+from .compile import call_floor, disk_cache, engines, lifetime
 from .compile.graph_compiler import GraphCompiler, captured_seconds
 from .compile.graph_executor import ChooseOnFirstCall
 from .compile.tuner import Tuner
@@ -42,6 +43,9 @@ class LortBackend:
         self.checker = support.SupportChecker(self.options.providers)
         self.compiler = GraphCompiler(self.options, self.tuner, self.checker)
         self.records: list[GraphRecord] = []
+        #: The graphs whose engine executor="auto" picks among lort, eager and inductor
+        #: (compile/engines.py), weakly: each ``EngineSwitch`` says ``engine`` once chosen.
+        self.switches: list[weakref.ref] = []
         self._count = 0
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -50,9 +54,17 @@ class LortBackend:
         cache = disk_cache.for_options(self.options) if timed else None
         choice_key = disk_cache.inputs_key(gm, example_inputs, self.options, "graph executor") if cache else None
         choice = cache.load_record(choice_key) if cache else None
-        if choice and choice.get("executor") == "pytorch":
-            self._record_eager_graph(gm, choice.get("times", {}), cached=True)
+        inductor = timed and engines.wants_inductor(self.options, example_inputs) is None
+        if choice and choice.get("executor") == "inductor" and not inductor:
+            choice = None  # inductor cannot run here now: chosen again among the others
+        if choice and choice.get("executor") in ("pytorch", "inductor"):
+            record = self._record_eager_graph(gm, choice.get("times", {}), cached=True,
+                                              inductor=choice["executor"] == "inductor")
             self._save_files_of_eager_graph(gm, example_inputs)
+            if inductor:
+                # Eager PyTorch until inductor is ready (if it is the choice), or inductor
+                # timed against eager where it never was.
+                return self._with_inductor(gm, example_inputs, gm.forward, [record], cache, choice_key, choice)
             return gm.forward
         if timed:
             # A small graph eager PyTorch runs faster than any call through lort: left
@@ -96,6 +108,8 @@ class LortBackend:
                                              self.options.progress)
             else:
                 self._settled_by_groups(own, settled, cache, choice_key)
+        if inductor:
+            compiled = self._with_inductor(gm, example_inputs, compiled, own, cache, choice_key, choice)
         # Dynamo keeps what a backend returns for good: the graph's sessions and frozen
         # weights go when the module whose weights it reads is collected.
         for owner in weights_mod.owners(gm):
@@ -160,6 +174,23 @@ class LortBackend:
             return compiled
         return ChooseOnFirstCall(eager, compiled, [record], self.tuner, cache, key, self.options.progress)
 
+    def _with_inductor(self, gm: torch.fx.GraphModule, example_inputs: list, current: Callable, records: list,
+                       cache, key, choice: dict | None) -> Callable:
+        """``current`` (lort's graph, its first-call choice, or eager PyTorch), with
+        inductor compiled in the background and taken where faster (compile/engines.py);
+        ``current`` itself where the disk cache says inductor was timed slower."""
+        times = dict(choice.get("times", {})) if choice else {}
+        decided = choice.get("executor") if choice else None
+        if decided in ("ort", "pytorch") and "inductor" in times:
+            return current
+        name = "+".join(r.name for r in records) or "graph"
+        switch = engines.EngineSwitch(gm, example_inputs, current, gm.forward, records, self.tuner, cache, key,
+                                      name, decided="inductor" if decided == "inductor" else None, times=times)
+        for owner in weights_mod.owners(gm):
+            weakref.finalize(owner, switch.drop)
+        self.switches = [ref for ref in self.switches if ref() is not None] + [weakref.ref(switch)]
+        return switch
+
     def _settled_by_groups(self, records: list, times: dict, cache, key) -> None:
         """The groups' timings chose ORT for the whole graph (Tuner.settled_by_groups):
         recorded, and stored as the graph's choice, without timing it again."""
@@ -223,13 +254,20 @@ class LortBackend:
     def _files_wanted(self) -> str:
         return f"the groups' models in {self.options.save_onnx}"
 
-    def _record_eager_graph(self, gm: torch.fx.GraphModule, times: dict, cached: bool) -> None:
+    def _record_eager_graph(self, gm: torch.fx.GraphModule, times: dict, cached: bool,
+                            inductor: bool = False) -> GraphRecord:
+        """The record of a graph lort compiles nothing for: eager PyTorch runs it, or
+        inductor (a choice from the disk cache, compile/engines.py)."""
         self._count += 1
         record = GraphRecord(kind="graph", name=f"g{self._count}_graph", graph_module=gm)
-        record.ran_whole_in_pytorch(times, cached=cached)
+        if inductor:
+            record.ran_whole_in_inductor(times, cached=cached)
+        else:
+            record.ran_whole_in_pytorch(times, cached=cached)
         self.records.append(record)
-        logger.info("lort: %s runs in eager PyTorch (%s)", record.name, record.fallbacks[0][1] if record.fallbacks
-                    else "choice read from the disk cache")
+        logger.info("lort: %s runs in %s (%s)", record.name, "inductor" if inductor else "eager PyTorch",
+                    record.fallbacks[0][1] if record.fallbacks else "choice read from the disk cache")
+        return record
 
 
 setattr(LortBackend, autograd_function.BACKEND_MARKER, True)

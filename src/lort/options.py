@@ -10,6 +10,8 @@ RUN_MODES = ("ort", "pytorch", "debug")
 FALLBACK_POLICIES = ("warn", "raise")
 OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
 EXECUTORS = ("ort", "auto")
+#: What executor="auto" may run a captured graph in (compile/engines.py).
+ENGINES = ("ort", "pytorch", "inductor")
 
 # Environment variables, named as in the seed accelerator.
 ENV_RUN_TYPE = "LORT_RUN_TYPE"
@@ -22,6 +24,7 @@ ENV_CACHE_DIR = "LORT_CACHE_DIR"
 ENV_PROGRESS = "LORT_PROGRESS"
 ENV_FREEZE = "LORT_FREEZE"
 ENV_FREEZE_MAX_MB = "LORT_FREEZE_MAX_MB"
+ENV_ENGINES = "LORT_ENGINES"
 FREEZE_MODES = ("auto", True, False)
 
 
@@ -30,6 +33,13 @@ def _env_freeze() -> "str | bool":
     if not raw or raw == "auto":
         return "auto"
     return _env_bool(ENV_FREEZE, True)
+
+
+def _env_engines() -> tuple:
+    raw = os.environ.get(ENV_ENGINES, "").strip()
+    if not raw:
+        return ENGINES
+    return tuple(part.strip().lower() for part in raw.split(",") if part.strip())
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -106,6 +116,14 @@ class Options:
     #: Dynamo graph, and the graph runs in eager PyTorch when that is faster. "ort":
     #: every group in ORT, no timing. Debug mode always runs ORT. Env LORT_EXECUTOR.
     executor: str = dataclasses.field(default_factory=lambda: _env_str(ENV_EXECUTOR, "auto"))
+    #: executor="auto": the engines a captured graph may run in, chosen by measurement on
+    #: the real inputs: "ort" (lort's graph: its groups in ORT, the rest in PyTorch's
+    #: kernels), "pytorch" (eager PyTorch) and "inductor" (PyTorch compiled by inductor,
+    #: in the background after the first call, swapped in where measured faster:
+    #: compile/engines.py). Leave "inductor" out where no C++ toolchain is installed or
+    #: its compile time is not wanted; "ort" and "pytorch" are always candidates. Env
+    #: LORT_ENGINES, comma-separated ("ort,pytorch").
+    engines: tuple = dataclasses.field(default_factory=_env_engines)
     #: Apply onnxscript's ORT fusion rewrites (GELU, skip layer norm, attention, fused
     #: matmul, ...) to each group before ORT's own optimizations.
     ort_fusions: bool = True
@@ -188,6 +206,16 @@ class Options:
             raise ValueError(f"lort option fallback={self.fallback!r} is not one of {FALLBACK_POLICIES}")
         if self.executor not in EXECUTORS:
             raise ValueError(f"lort option executor={self.executor!r} is not one of {EXECUTORS}")
+        engines = self.engines
+        if isinstance(engines, (str, bytes)) or not isinstance(engines, (tuple, list)) or not all(
+                isinstance(e, str) and e in ENGINES for e in engines) or len(set(engines)) != len(engines) \
+                or not {"ort", "pytorch"} <= set(engines):
+            raise ValueError(
+                f"lort option engines={engines!r} must be a list of engines from {ENGINES}, each once, with "
+                "'ort' and 'pytorch' (always candidates): ('ort', 'pytorch', 'inductor') lets executor='auto' "
+                "choose inductor too, ('ort', 'pytorch') leaves it out (env LORT_ENGINES=ort,pytorch)"
+            )
+        object.__setattr__(self, "engines", tuple(engines))
         if self.graph_optimization_level not in OPTIMIZATION_LEVELS:
             raise ValueError(
                 f"lort option graph_optimization_level={self.graph_optimization_level!r} "

@@ -14,10 +14,12 @@ import enum
 class Placement(str, enum.Enum):
     """Where a group or a whole graph runs. For a graph, ``ORT`` means through lort's
     compiled graph (its groups in ORT, the rest in PyTorch); ``PYTORCH`` means eager
-    PyTorch. A ``str`` so that ``placement == "ort"`` holds."""
+    PyTorch; ``INDUCTOR`` means compiled by inductor (compile/engines.py). A ``str`` so
+    that ``placement == "ort"`` holds."""
 
     ORT = "ort"
     PYTORCH = "pytorch"
+    INDUCTOR = "inductor"
 
     def __str__(self) -> str:
         return self.value
@@ -54,6 +56,8 @@ class ReasonKind(enum.Enum):
     SLOWER_IN_ORT = "slower in ORT"
     #: executor="auto" timed the node's whole graph faster in eager PyTorch.
     GRAPH_FASTER_IN_EAGER = "graph faster in eager"
+    #: executor="auto" timed the node's whole graph faster compiled by inductor.
+    GRAPH_FASTER_IN_INDUCTOR = "graph faster in inductor"
     #: The fuser left the node alone (a group of views only, or over max_group_args alone).
     LEFT_ALONE = "left alone by the fuser"
 

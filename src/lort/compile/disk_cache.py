@@ -113,6 +113,7 @@ def _options_key(options: Options) -> tuple:
         options.share_cpu_arena,
         options.share_cuda_arena,
         options.freeze,
+        options.engines if options.executor == "auto" else (),
         torch.get_num_threads(),
     )
 

@@ -41,6 +41,7 @@ section { background:#fff; border:1px solid var(--line); border-radius:12px; pad
   box-shadow:0 1px 2px rgba(16,24,40,.04); }
 .badge { font-size:11.5px; font-weight:600; padding:2px 8px; border-radius:99px; background:#eef2f7; color:#374151; }
 .badge.lort { background:#dbeafe; color:#1e4e8c; } .badge.pytorch { background:#fde7d3; color:#9a4a10; }
+.badge.inductor { background:#e6dcf7; color:#5b2a9a; }
 .meta { color:#374151; font-size:13px; margin:6px 0 8px; }
 .bar { height:8px; border-radius:5px; background:#fde0c5; overflow:hidden; margin:4px 0 10px; max-width:520px; }
 .bar > div { height:100%; background:#5b8fc7; }
@@ -137,6 +138,12 @@ def _whole_graph_line(r: GraphRecord) -> str:
         if "disk cache" in reason:
             text += "; choice read from the disk cache"
         return text + "."
+    if r.executor == Placement.INDUCTOR:
+        timed = ", ".join(f"{fmt_time(t.get(k))} {name}" for k, name in
+                          (("inductor", "with inductor"), ("ort", "through lort"), ("pytorch", "eager")) if t.get(k))
+        reason = r.fallbacks[0][1] if r.fallbacks else ""
+        return ("Runs whole compiled by <b>inductor</b>" + (f": timed {timed} (executor='auto')" if timed else "")
+                + ("; choice read from the disk cache" if "disk cache" in reason else "") + ".")
     if t:
         return (
             f"Runs through <b>lort</b>: timed {fmt_time(t.get('ort'))} through lort vs "
@@ -150,11 +157,12 @@ def _section(r: GraphRecord, layout: str) -> str:
     svg, how = html_svg.draw(drawn, layout)
     total = r.ort_nodes + r.torch_nodes
     frac = r.ort_nodes / total if total else 0.0
-    where = "pytorch" if r.executor == Placement.PYTORCH else "lort"
+    where = {Placement.PYTORCH: "pytorch", Placement.INDUCTOR: "inductor"}.get(r.executor, "lort")
+    badge = {"pytorch": "eager PyTorch", "inductor": "inductor"}.get(where, "lort")
     out = [
         f'<section id="graph-{html.escape(r.name)}" data-graph="{html.escape(r.name)}">',
         f'<h2>{html.escape(r.name)} <span class="badge">{html.escape(r.kind)}</span>'
-        f'<span class="badge {where}">{"eager PyTorch" if where == "pytorch" else "lort"}</span></h2>',
+        f'<span class="badge {where}">{badge}</span></h2>',
         f'<div class="meta">{_whole_graph_line(r)} {len(r.groups)} ORT group(s); '
         f"{r.ort_nodes}/{total} ATen nodes in ORT ({100 * frac:.1f}%), {r.torch_nodes} in PyTorch.</div>",
         f'<div class="bar" title="{100 * frac:.1f}% of ATen nodes in ORT">'
@@ -165,7 +173,7 @@ def _section(r: GraphRecord, layout: str) -> str:
         + "; edge labels count the values passed.</div>",
     ]
     out.append(_reasons(drawn))
-    if r.executor != Placement.PYTORCH and r.groups:
+    if r.executor == Placement.ORT and r.groups:
         out.append(_group_table(drawn))
     out.append("</section>")
     return "\n".join(out)

@@ -142,10 +142,11 @@ def _torch_unit(node: torch.fx.Node, reason: str) -> Unit:
 
 def build(record: GraphRecord) -> DrawnGraph:
     """The units and edges to draw for ``record``."""
-    if record.executor == Placement.PYTORCH:
+    if record.executor in (Placement.PYTORCH, Placement.INDUCTOR):
         ops = collections.Counter(op for op, _ in record.fallbacks)
         reasons = collections.Counter(r for _, r in record.fallbacks)
-        unit = Unit("eager", "eager", "whole graph in eager PyTorch", record.torch_nodes, ops, reasons)
+        title = "whole graph in eager PyTorch" if record.executor == Placement.PYTORCH else "whole graph in inductor"
+        unit = Unit("eager", "eager", title, record.torch_nodes, ops, reasons)
         return DrawnGraph(record, [unit], {}, sorted(reasons))
     gm = record.partitioned if record.partitioned is not None else record.graph_module
     groups = {g.name: (i, g) for i, g in enumerate(record.groups)}

@@ -70,9 +70,10 @@ class GraphRecord:
     #: (op, reason) of each ATen node left to PyTorch; a Reason is its text and a kind.
     fallbacks: list[tuple[str, Reason]] = dataclasses.field(default_factory=list)
     group_modules: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: ORT (through lort's compiled graph), or PYTORCH when executor="auto" found the
-    #: whole graph faster in eager PyTorch (compile/graph_executor.py), with the timings
-    #: in seconds (keys "ort" and "pytorch").
+    #: ORT (through lort's compiled graph), PYTORCH when executor="auto" found the whole
+    #: graph faster in eager PyTorch (compile/graph_executor.py), or INDUCTOR when it found
+    #: it faster compiled by inductor (compile/engines.py), with the timings in seconds
+    #: (keys "ort", "pytorch", "inductor").
     executor: Placement = Placement.ORT
     executor_times: dict = dataclasses.field(default_factory=dict)
 
@@ -93,12 +94,27 @@ class GraphRecord:
             why = "the whole graph ran faster in eager PyTorch (executor='auto')"
         if cached:
             why += ", read from the disk cache"
-        reason = Reason(ReasonKind.GRAPH_FASTER_IN_EAGER, why)
+        self._ran_whole_outside(Placement.PYTORCH, Reason(ReasonKind.GRAPH_FASTER_IN_EAGER, why))
+
+    def ran_whole_in_inductor(self, times: dict, cached: bool = False, compile_s: float | None = None) -> None:
+        """The graph this record belongs to runs compiled by inductor (compile/engines.py)."""
+        self.executor, self.executor_times = Placement.INDUCTOR, dict(times)
+        others = ", ".join(f"{v * 1e3:.3f} ms {'through lort' if k == 'ort' else 'in eager PyTorch'}"
+                           for k, v in times.items() if k in ("ort", "pytorch") and v)
+        why = "the whole graph ran faster compiled by inductor"
+        if times.get("inductor"):
+            why += f" ({times['inductor'] * 1e3:.3f} ms" + (f" vs {others}" if others else "") + ")"
+        if compile_s is not None:
+            why += f"; inductor compiled it in {compile_s:.1f} s in the background"
+        why += "; executor='auto'" + (", read from the disk cache" if cached else "")
+        self._ran_whole_outside(Placement.INDUCTOR, Reason(ReasonKind.GRAPH_FASTER_IN_INDUCTOR, why))
+
+    def _ran_whole_outside(self, where: Placement, reason: Reason) -> None:
         nodes = [n for n in self.graph_module.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
         self.fallbacks = [(_describe_target(n), reason) for n in nodes if n.target is not operator.getitem]
         self.torch_nodes, self.ort_nodes = len(self.fallbacks), 0
         for g in self.groups:
-            g.executor = Placement.PYTORCH
+            g.executor = where
         # Their ORT sessions and frozen weights are freed now: what Dynamo or AOTAutograd
         # still holds of the compiled graph (for good) keeps only the groups' shells.
         for module in self.group_modules.values():

@@ -67,11 +67,12 @@ class ExplainReport:
             line = f"{r.name:<24} {r.kind:<10} {len(r.groups):>6} {r.ort_nodes:>6} {r.torch_nodes:>6}"
             if r.executor_times:
                 t = r.executor_times
-                where = "eager PyTorch" if r.executor == Placement.PYTORCH else "lort"
+                where = {Placement.PYTORCH: "eager PyTorch", Placement.INDUCTOR: "inductor"}.get(r.executor, "lort")
                 lort_time = "lort's cheapest call" if t.get("floor") else "lort"
-                line += (f"  runs through {where} (timed {t['ort'] * 1e3:.3f} ms {lort_time}, "
-                         f"{t['pytorch'] * 1e3:.3f} ms eager)")
-                if close_call(t) and not t.get("floor"):
+                timed = [f"{t[k] * 1e3:.3f} ms {name}" for k, name in
+                         (("ort", lort_time), ("pytorch", "eager"), ("inductor", "inductor")) if t.get(k)]
+                line += f"  runs through {where} (timed {', '.join(timed)})"
+                if close_call(t) and not t.get("floor") and r.executor != Placement.INDUCTOR:
                     line += f" [close call: within {CLOSE_CALL:.0%}; another process may choose otherwise]"
             lines.append(line)
         if self.groups:
@@ -94,12 +95,15 @@ class ExplainReport:
                 )
                 if g.ort_optimizer:
                     lines.append(f"{'':<4}ORT's optimizer: {ort_optimizer_text(g.ort_optimizer)}")
-        # A graph that runs whole in eager PyTorch has one reason for all its nodes: one line.
-        eager_graphs = [r for r in self.records if r.executor == Placement.PYTORCH]
-        fallbacks = [f for r in self.records if r.executor != Placement.PYTORCH for f in r.fallbacks]
-        if eager_graphs:
-            lines += ["", "graphs run whole in eager PyTorch:"]
-            for r in eager_graphs:
+        # A graph that runs whole in eager PyTorch or inductor has one reason for all its
+        # nodes: one line.
+        whole = (Placement.PYTORCH, Placement.INDUCTOR)
+        fallbacks = [f for r in self.records if r.executor not in whole for f in r.fallbacks]
+        for engine, title in ((Placement.PYTORCH, "eager PyTorch"), (Placement.INDUCTOR, "inductor")):
+            graphs = [r for r in self.records if r.executor == engine]
+            if graphs:
+                lines += ["", f"graphs run whole in {title}:"]
+            for r in graphs:
                 reason = r.fallbacks[0][1] if r.fallbacks else "executor='auto'"
                 lines.append(f"  {r.name} ({r.torch_nodes} nodes): {reason}")
         if fallbacks:
