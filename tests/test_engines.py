@@ -200,7 +200,8 @@ def test_engines_option_errors_and_leaving_inductor_out(data, monkeypatch):
         lort.Options()
     x, _ = data
     backend = LortBackend({**AUTO, "engines": ("ort", "pytorch")}, tuner=Timed())
-    torch.compile(Net(), backend=backend)(x).sum().backward()
+    model = Net()  # alive until its backward has run (lort releases a dropped model's sessions)
+    torch.compile(model, backend=backend)(x).sum().backward()
     assert backend.switches == []
 
 
