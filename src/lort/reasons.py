@@ -60,6 +60,9 @@ class ReasonKind(enum.Enum):
     GRAPH_FASTER_IN_INDUCTOR = "graph faster in inductor"
     #: The fuser left the node alone (a group of views only, or over max_group_args alone).
     LEFT_ALONE = "left alone by the fuser"
+    #: A view of the graph's input that leaves the graph or feeds PyTorch: free in
+    #: PyTorch, a copy out of ORT (fusion/input_views.py).
+    VIEW_OF_INPUT = "view of an input"
 
     @property
     def found_by_translating(self) -> bool:

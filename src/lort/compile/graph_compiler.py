@@ -22,7 +22,7 @@ from ..capture import attention, symbolic_sizes
 from ..diagnostics import progress
 from ..diagnostics.records import GraphRecord
 from ..errors import LortError, SessionCreationError, TranslationError
-from ..fusion import fuser, support
+from ..fusion import fuser, input_views, support
 from ..options import Options
 from ..reasons import Reason, ReasonKind
 from ..runtime import cuda
@@ -70,13 +70,17 @@ class GraphCompiler:
                     reason = self.checker.reason(node)
                     if reason is not None:
                         unsupported[node] = reason
+        made = input_views.split_input_views(gm.graph, unsupported) if self.options.mode != "pytorch" else set()
+        if made:
+            gm.recompile()
         by_node = _weight_nodes(gm, weights) if self.options.mode != "pytorch" else {}
         # Only an inference graph freezes its weights; any graph times on them.
         freezable = kind == "inference" and self.options.freeze is not False
         refused = self._freeze_refused(by_node) if freezable else None
         groups, modules = self._fuse_and_compile(gm, unsupported, name, by_node, refused, freezable)
         if self.cache and not cached:
-            self.cache.store_record(plan_key, {"unsupported": {n.name: r.to_json() for n, r in unsupported.items()}})
+            self.cache.store_record(plan_key, {"unsupported": {n.name: r.to_json() for n, r in unsupported.items()
+                                                               if n not in made}})
         record.set_result(groups, modules, unsupported)
         for mod in modules.values():
             mod.refreeze = self.groups.refreezer(mod.compiled)

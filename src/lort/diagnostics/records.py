@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..fusion.input_views import DUPLICATE
 from ..reasons import Placement, Reason, ReasonKind
 from ..runtime.memory import give_back_memory
 
@@ -26,8 +27,9 @@ def close_call(times: dict) -> bool:
 
 
 def is_aten_node(node: torch.fx.Node) -> bool:
-    """An operator call counted in reports (tuple indexing is not an op)."""
-    return node.op == "call_function" and node.target is not operator.getitem
+    """An operator call counted in reports (tuple indexing is not an op, nor the PyTorch
+    copy of a view whose original ORT runs: fusion/input_views.py)."""
+    return node.op == "call_function" and node.target is not operator.getitem and not node.meta.get(DUPLICATE)
 
 
 @dataclasses.dataclass

@@ -42,6 +42,7 @@ KIND_LABELS = {
     ReasonKind.TRANSLATION_FAILED: "translation failed",
     ReasonKind.GROUP_FAILED: "group failed",
     ReasonKind.LEFT_ALONE: "views only",
+    ReasonKind.VIEW_OF_INPUT: "views only",
     ReasonKind.RUN_FAILED: "ran in PyTorch at run time",
     ReasonKind.DEVICE: "device",
     ReasonKind.KNOWN_WRONG: "known wrong (fusion/known_wrong.py)",
