@@ -10,7 +10,8 @@ Each (case, backend) runs in a fresh Python process that imports alike (torch,
 transformers, lort, onnxruntime, onnxscript, torch._dynamo, torch._inductor), builds the
 model (and, for training, an AdamW optimizer), runs ``gc.collect()`` and reads its RSS:
 the **baseline**. Then it makes the first call (inference: under ``torch.no_grad()``;
-training: forward, backward, AdamW step, ``zero_grad``) and ``--calls`` more:
+training: forward, backward, AdamW step, ``zero_grad``; ``fwdbwd``: forward and backward
+without an optimizer, then ``zero_grad``) and ``--calls`` more:
 
 - **first s**: the first call, compile included; lort with an empty disk cache and
   inductor with an empty cache directory, each a new temporary directory;
@@ -27,7 +28,7 @@ each up, then alternates their steps (the order flipped every round) and reports
 one's median step and the median over rounds of eager's step / the backend's (above 1:
 faster than eager). ``eager-copy`` is a second eager copy: its row reads the noise.
 
-    python benchmarks/scale.py [--cases bert_base:infer,bert_base:train,...] [--backends eager,inductor,lort,ortmodule]
+    python benchmarks/scale.py [--cases bert_base:infer,bert_base:train,bert_base:fwdbwd,...] [--backends eager,inductor,lort,ortmodule]
     python benchmarks/scale.py --speed [--cases bert_base,gpt2_small] [--backends eager-copy,lort,ortmodule] [--rounds 30]
 
 Writes benchmarks/scale.md (``--out``), replacing the section it writes.
@@ -69,32 +70,34 @@ def compiled(model, backend):
     return lort.ORTModule(model)
 
 
-def step_fn(fn, model, args, kwargs, train):
+def step_fn(fn, model, args, kwargs, train, optimizer=True):
     if not train:
         def step():
             with torch.no_grad():
                 out = fn(*args, **kwargs)
             del out
         return step
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5) if optimizer else None
 
     def step():
         out = fn(*args, **kwargs)
         loss = out.loss if getattr(out, "loss", None) is not None else output_tensor(out).float().pow(2).mean()
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        del out, loss
+        if opt is not None:
+            opt.step()
+        model.zero_grad(set_to_none=True)
     return step
 """
 
 MEMORY_CHILD = PRELUDE + r"""
 case, task, backend, calls = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-train = task == "train"
+train = task in ("train", "fwdbwd")
 model, args, kwargs = SCALE_CASES[case]()
 model.train(train)
 weights = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t for t in model.state_dict().values()}.values())
 fn = compiled(model, backend)
-step = step_fn(fn, model, args, kwargs, train)
+step = step_fn(fn, model, args, kwargs, train, optimizer=task != "fwdbwd")
 gc.collect()
 use_hwm = reset_hwm()
 sampler = None if use_hwm else Sampler()
