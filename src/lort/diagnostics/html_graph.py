@@ -11,6 +11,7 @@ import operator
 import torch
 import torch.fx
 
+from ..fusion.input_views import DUPLICATE
 from ..reasons import Placement
 from .records import GraphRecord, GroupInfo, is_aten_node
 
@@ -176,6 +177,9 @@ def build(record: GraphRecord) -> DrawnGraph:
             uid = unit_of[node]
             if uid is not None and units[uid].group is not None:
                 units[uid].outputs.append(describe_value(node.meta.get("val")))
+            continue
+        if node.meta.get(DUPLICATE):  # PyTorch's copy of a view of an input ORT also takes: drawn as that input
+            unit_of[node] = None
             continue
         name = node.meta.get("lort_group") if node.op == "call_module" else None
         if name in groups:
