@@ -102,3 +102,17 @@ def test_training_saves_weights_as_views_and_matches_eager():
     copies = [n for n in forward.nodes if n.meta.get(input_views.DUPLICATE)]
     assert {n.target for n in copies} == {aten.t.default}, copies  # t(fc1.weight), t(fc2.weight)
     assert not any(kind is ReasonKind.VIEW_OF_INPUT for _, kind in fallbacks)  # duplicates count once, in ORT
+
+
+def test_views_of_an_input_the_graph_writes_are_left_alone():
+    """A view of an input that a later op writes would show the written values; ORT's
+    copy (and the functional graph) hold the values before the write."""
+    g = torch.fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    x.meta["val"], y.meta["val"] = torch.empty(2, 3), torch.empty(2, 3)
+    t = g.call_function(aten.t.default, (x,))
+    t.meta["val"] = torch.empty(3, 2)
+    c = g.call_function(aten.copy_.default, (x, y))
+    c.meta["val"] = torch.empty(2, 3)
+    g.output((t,))
+    assert input_views.split_input_views(g, {}) == set()

@@ -47,6 +47,24 @@ def _chain(node: torch.fx.Node) -> list[torch.fx.Node] | None:
     return chain[::-1]
 
 
+def _mutated_inputs(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Placeholders that an op of the graph may write (through a view or not): a view of
+    one would show the written values where ORT's copy, and the functional graph, hold
+    the values before the write. Their views are left alone."""
+    out = set()
+    for node in graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+            continue
+        for a in node.all_input_nodes:
+            while a.op == "call_function" and a.target is not operator.getitem and is_view_op(a) and a.args \
+                    and isinstance(a.args[0], torch.fx.Node):
+                a = a.args[0]
+            if a.op == "placeholder":
+                out.add(a)
+    return out
+
+
 def split_input_views(graph: torch.fx.Graph, unsupported: dict) -> set[torch.fx.Node]:
     """Give each view-of-input chain's consumers outside ORT (the output node, nodes in
     ``unsupported``) a copy of the chain that stays in PyTorch; add the copies to
@@ -54,6 +72,7 @@ def split_input_views(graph: torch.fx.Graph, unsupported: dict) -> set[torch.fx.
     may run consume are left alone."""
     made: set[torch.fx.Node] = set()
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    mutated = _mutated_inputs(graph)
     for node in list(graph.nodes):
         if node in made or node in unsupported:
             continue
@@ -61,7 +80,7 @@ def split_input_views(graph: torch.fx.Graph, unsupported: dict) -> set[torch.fx.
         if not outside:
             continue
         chain = _chain(node)
-        if chain is None or any(n in unsupported for n in chain):
+        if chain is None or chain[0].args[0] in mutated or any(n in unsupported for n in chain):
             continue
         for n in chain:
             if n in copies:
