@@ -113,7 +113,8 @@ class GraphRecord:
 
     def _ran_whole_outside(self, where: Placement, reason: Reason) -> None:
         nodes = [n for n in self.graph_module.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
-        self.fallbacks = [(_describe_target(n), reason) for n in nodes if n.target is not operator.getitem]
+        self.fallbacks = [(_describe_target(n), reason) for n in nodes
+                          if n.target is not operator.getitem and not n.meta.get(DUPLICATE)]
         self.torch_nodes, self.ort_nodes = len(self.fallbacks), 0
         for g in self.groups:
             g.executor = where
