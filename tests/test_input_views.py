@@ -11,17 +11,25 @@ from lort.reasons import ReasonKind
 aten = torch.ops.aten
 
 
+def _input(g, name, *shape):
+    node = g.placeholder(name)
+    node.meta["val"] = torch.empty(*shape)
+    return node
+
+
+def _op(g, target, args, *shape):
+    node = g.call_function(target, args)
+    node.meta["val"] = torch.empty(*shape)
+    return node
+
+
 def _graph():
     """x, w -> (mm(x, t(w)), t(w), view(t(w))): t(w) feeds ORT's mm and the output."""
     g = torch.fx.Graph()
-    x, w = g.placeholder("x"), g.placeholder("w")
-    x.meta["val"], w.meta["val"] = torch.empty(2, 3), torch.empty(4, 3)
-    t = g.call_function(aten.t.default, (w,))
-    t.meta["val"] = torch.empty(3, 4)
-    mm = g.call_function(aten.mm.default, (x, t))
-    mm.meta["val"] = torch.empty(2, 4)
-    v = g.call_function(aten.view.default, (t, [12]))
-    v.meta["val"] = torch.empty(12)
+    x, w = _input(g, "x", 2, 3), _input(g, "w", 4, 3)
+    t = _op(g, aten.t.default, (w,), 3, 4)
+    mm = _op(g, aten.mm.default, (x, t), 2, 4)
+    v = _op(g, aten.view.default, (t, [12]), 12)
     g.output((mm, t, v))
     return g, t, mm, v
 
@@ -45,16 +53,11 @@ def test_a_view_of_an_input_feeding_the_output_is_copied_for_pytorch():
 
 def test_views_of_computed_values_and_views_only_ort_consumes_are_left_alone():
     g = torch.fx.Graph()
-    x = g.placeholder("x")
-    x.meta["val"] = torch.empty(2, 3)
-    e = g.call_function(aten.exp.default, (x,))
-    e.meta["val"] = torch.empty(2, 3)
-    t = g.call_function(aten.t.default, (e,))  # a view of a computed value: ORT's output anyway
-    t.meta["val"] = torch.empty(3, 2)
-    tx = g.call_function(aten.t.default, (x,))  # a view of an input only ORT consumes
-    tx.meta["val"] = torch.empty(3, 2)
-    s = g.call_function(aten.add.Tensor, (tx, t))
-    s.meta["val"] = torch.empty(3, 2)
+    x = _input(g, "x", 2, 3)
+    e = _op(g, aten.exp.default, (x,), 2, 3)
+    t = _op(g, aten.t.default, (e,), 3, 2)  # a view of a computed value: ORT's output anyway
+    tx = _op(g, aten.t.default, (x,), 3, 2)  # a view of an input only ORT consumes
+    s = _op(g, aten.add.Tensor, (tx, t), 3, 2)
     g.output((t, s))
     before = [n.name for n in g.nodes]
     assert input_views.split_input_views(g, {}) == set()
@@ -108,11 +111,8 @@ def test_views_of_an_input_the_graph_writes_are_left_alone():
     """A view of an input that a later op writes would show the written values; ORT's
     copy (and the functional graph) hold the values before the write."""
     g = torch.fx.Graph()
-    x, y = g.placeholder("x"), g.placeholder("y")
-    x.meta["val"], y.meta["val"] = torch.empty(2, 3), torch.empty(2, 3)
-    t = g.call_function(aten.t.default, (x,))
-    t.meta["val"] = torch.empty(3, 2)
-    c = g.call_function(aten.copy_.default, (x, y))
-    c.meta["val"] = torch.empty(2, 3)
+    x, y = _input(g, "x", 2, 3), _input(g, "y", 2, 3)
+    t = _op(g, aten.t.default, (x,), 3, 2)
+    _op(g, aten.copy_.default, (x, y), 2, 3)
     g.output((t,))
     assert input_views.split_input_views(g, {}) == set()

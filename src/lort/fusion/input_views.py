@@ -32,19 +32,27 @@ DUPLICATE = "lort_view_copy"
 REASON = Reason(ReasonKind.VIEW_OF_INPUT, "a view of the graph's input, free in PyTorch (ORT would copy it)")
 
 
+def _view_root(node: torch.fx.Node) -> tuple[torch.fx.Node, list[torch.fx.Node]]:
+    """The node a chain of view ops ends at (``node`` itself if it is no view), and the
+    view ops from it to ``node``, in order."""
+    chain = []
+    n = node
+    while n.op == "call_function" and n.target is not operator.getitem and is_view_op(n) and n.args \
+            and isinstance(n.args[0], torch.fx.Node):
+        chain.append(n)
+        n = n.args[0]
+    return n, chain[::-1]
+
+
 def _chain(node: torch.fx.Node) -> list[torch.fx.Node] | None:
     """The view ops from a placeholder to ``node`` (in order), or None where ``node`` is
     not a view of a placeholder through view ops alone."""
-    chain = []
-    n = node
-    while n.op == "call_function" and n.target is not operator.getitem and is_view_op(n):
-        if not n.args or not isinstance(n.args[0], torch.fx.Node) or not isinstance(n.meta.get("val"), torch.Tensor):
-            return None
-        chain.append(n)
-        n = n.args[0]
-    if not chain or n.op != "placeholder" or not isinstance(n.meta.get("val"), torch.Tensor):
+    root, chain = _view_root(node)
+    if not chain or root.op != "placeholder" or not isinstance(root.meta.get("val"), torch.Tensor):
         return None
-    return chain[::-1]
+    if any(not isinstance(n.meta.get("val"), torch.Tensor) for n in chain):
+        return None
+    return chain
 
 
 def _mutated_inputs(graph: torch.fx.Graph) -> set[torch.fx.Node]:
@@ -57,11 +65,9 @@ def _mutated_inputs(graph: torch.fx.Graph) -> set[torch.fx.Node]:
         if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
             continue
         for a in node.all_input_nodes:
-            while a.op == "call_function" and a.target is not operator.getitem and is_view_op(a) and a.args \
-                    and isinstance(a.args[0], torch.fx.Node):
-                a = a.args[0]
-            if a.op == "placeholder":
-                out.add(a)
+            root, _ = _view_root(a)
+            if root.op == "placeholder":
+                out.add(root)
     return out
 
 
