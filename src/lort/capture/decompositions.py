@@ -18,6 +18,14 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
   translation). PyTorch's decomposition is a scatter-add into zeros of the embedding
   table's size, which ORT's constant folding turned into an initializer every backward
   session held for good (BERT-base: 89 MiB; a 32k x 4096 vocabulary: 500 MiB).
+* ``native_batch_norm_backward`` in training (batch statistics) is kept whole and runs in
+  PyTorch's fused kernel (no torch_lib translation). Its decomposition, a dozen elementwise
+  ops and reductions per layer, ran 9x eager's kernel in ORT (ResNet-50's backward on an
+  Intel Xeon: 405 + 24 ms against 48 ms, benchmarks/backward_breakdown.md); kept whole, a ResNet-50 training
+  step with every group in ORT is 1.11x faster (3014 against 3333 ms, batch 8 at 224 px).
+  Layer norm's, softmax's and GELU's backward stay decomposed: kept whole, BERT-base's
+  step (batch 4 x 128) was 0.99x / 1.00x / 1.00x as fast, so no gain pays for the
+  boundary between ORT groups (benchmarks/engines.md, ``fused_backward.py``).
 * integer ``div(..., rounding_mode="floor")`` becomes ``floor_divide``.
 * NaN semantics: amax/amin/max/min, argmax/argmin, max_pool and sign get an isnan-based
   select after the op, so ORT's results follow PyTorch's on inputs with NaN (below).
@@ -388,6 +396,27 @@ def copysign(a, b):
     return torch.where(torch.signbit(b), torch.neg(magnitude), magnitude)
 
 
+#: Ops PyTorch decomposes that lort keeps whole, to run in PyTorch's fused kernel (the
+#: module's docstring says why each).
+KEPT_WHOLE = (aten.embedding_dense_backward.default,)
+
+
+def _batch_norm_backward_in_training(decomposition):
+    """native_batch_norm_backward kept whole where it normalized by the batch's statistics
+    (``train``): PyTorch's fused kernel. In eval mode its decomposition is a scale and a
+    sum that ORT runs with its neighbours, and the whole op would need the forward's saved
+    statistics, which the inference forward gives as empty tensors (ORT cannot)."""
+
+    def decompose(grad_out, inp, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                  output_mask):
+        if train:
+            return NotImplemented  # the tracer keeps the op
+        return decomposition(grad_out, inp, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                             output_mask)
+
+    return decompose
+
+
 @functools.lru_cache(maxsize=4)
 def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | None = None) -> dict:
     """The decomposition table AOTAutograd traces with: PyTorch's decompositions of the
@@ -403,8 +432,12 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     # own, decompositions_indexing's).
     for op in (aten.lift_fresh.default, aten.diagonal_scatter.default, aten.as_strided_scatter.default):
         decomps.pop(op, None)
-    # An embedding's backward stays whole, in PyTorch (the module's docstring).
-    decomps.pop(aten.embedding_dense_backward.default, None)
+    # An embedding's and a batch norm's backward stay whole, in PyTorch (the module's docstring).
+    for op in KEPT_WHOLE:
+        decomps.pop(op, None)
+    bn_backward = aten.native_batch_norm_backward.default
+    if bn_backward in decomps:
+        decomps[bn_backward] = _batch_norm_backward_in_training(decomps[bn_backward])
     if decompose_conv_backward:
         decomps[aten.convolution_backward.default] = convolution_backward
     decomps[aten._transformer_encoder_layer_fwd.default] = transformer_encoder_layer_fwd
