@@ -6,9 +6,9 @@ machine shared with other work disturbs less than wall time.
 
     python benchmarks/decomposition_cost.py [--set nan|logistic] [model:scenario ...]
 
-Sets: ``nan``, the NaN decompositions (src/lort/capture/decompositions.py; max_pool in the
+Sets: ``nan``, the NaN decompositions (src/lort/capture/decompositions/__init__.py; max_pool in the
 CNN and the ResNets; default configurations below); ``logistic``, sigmoid / silu /
-silu_backward as ``1 / (1 + exp(-x))`` on CPU (src/lort/capture/decompositions_exponential.py;
+silu_backward as ``1 / (1 + exp(-x))`` on CPU (src/lort/capture/decompositions/exponential.py;
 SiLU in llama, and ``silu``, the op alone on a (batch, 128, 4096) tensor; default
 configurations ``LOGISTIC_DEFAULT``).
 
@@ -28,7 +28,8 @@ import time
 import torch
 
 import lort
-from lort.capture import decompositions, decompositions_exponential, export
+from lort.capture import decompositions, export
+from lort.capture.decompositions import exponential as decompositions_exponential
 from lort.testing.models import CASES, make_torchvision_importable, output_tensor
 
 make_torchvision_importable()
@@ -40,7 +41,7 @@ LOGISTIC_DEFAULT = ["efficientnet:infer1", "efficientnet:infer8", "efficientnet:
                     "silu:infer1", "silu:infer8", "silu:train"]
 ROUNDS = 25
 
-_REAL_NAN = decompositions.nan_decompositions
+_REAL_NAN = decompositions.nan.nan_decompositions
 _REAL_EXPONENTIAL = decompositions_exponential.table
 _LOGISTIC = (torch.ops.aten.sigmoid.default, torch.ops.aten.silu.default, torch.ops.aten.silu_backward.default)
 
@@ -55,7 +56,7 @@ _FORMULAS = (decompositions_exponential.sigmoid, decompositions_exponential.silu
 
 def use(which: str, on: bool) -> None:
     """Turn the set ``which`` of decompositions on or off (the other set stays on)."""
-    decompositions.nan_decompositions = _REAL_NAN if on or which != "nan" else (lambda: {})
+    decompositions.nan.nan_decompositions = _REAL_NAN if on or which != "nan" else (lambda: {})
     if on and which == "logistic":
         decompositions_exponential.table = lambda: {**_REAL_EXPONENTIAL(), **dict(zip(_LOGISTIC, _FORMULAS))}
     else:

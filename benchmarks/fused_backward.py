@@ -4,7 +4,7 @@ whole in PyTorch's kernel against ORT running its decomposition (issue 43, item 
 PyTorch decomposes batch norm's, layer norm's, softmax's and GELU's backward (and the
 loss's) into elementwise ops and reductions, which ORT runs inside its groups. Kept whole,
 the op runs in PyTorch's fused kernel instead, between two ORT groups.
-capture/decompositions.py keeps whole the ones that win here.
+capture/decompositions/__init__.py keeps whole the ones that win here.
 
 For each case, one process holds one copy of the model per variant, with the same
 weights: eager PyTorch, and ``torch.compile(backend="lort")`` with ``executor="ort"``

@@ -1,5 +1,5 @@
 """lort's modified Bessel functions i0, i1, k0, k1, scaled k0, k1 and Airy Ai
-(lort.capture.decompositions_bessel_modified) against eager PyTorch: the decompositions
+(lort.capture.decompositions.bessel_modified) against eager PyTorch: the decompositions
 themselves, bitwise where they are given libm's exp, log, sin and cos as the kernels are,
 and the ops through lort with every node in ORT, on a dense range, the kernels' branch
 points and PyTorch's edge values (zeros of both signs, tiny, huge, +-inf, NaN)."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lort.backend import LortBackend
-from lort.capture import decompositions_bessel_modified as dbm
+from lort.capture.decompositions import bessel_modified as dbm
 
 # Float32 as the conformance sweep (lort's differences are ORT's exp, log, sin and cos
 # against libm's: a few ulp); float64 far tighter than its 1e-7.

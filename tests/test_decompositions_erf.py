@@ -1,4 +1,4 @@
-"""The error function family (lort.capture.decompositions_erf) against eager PyTorch:
+"""The error function family (lort.capture.decompositions.erf) against eager PyTorch:
 each function on a grid over its whole range, tails, overflow and underflow, inf and
 NaN included, in float32 and float64 (relative to the value: these functions span
 hundreds of orders of magnitude), through lort with every node in ORT, and gradients."""
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lort.capture import decompositions_erf as de
+from lort.capture.decompositions import erf as de
 from test_decompositions_ops import _all_in_ort, _through_lort
 
 SPECIALS = [0.0, -0.0, math.inf, -math.inf, math.nan]

@@ -1,5 +1,5 @@
 """expm1, elu/celu/selu, sigmoid, silu, glu and softplus against eager PyTorch, through lort
-with every node in ORT (lort.capture.decompositions_exponential, README "Precision").
+with every node in ORT (lort.capture.decompositions.exponential, README "Precision").
 
 Two kinds of guarantee, as the precision policy says:
 
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from lort.capture import decompositions
-from lort.capture import decompositions_exponential as dx
+from lort.capture.decompositions import exponential as dx
 from test_decompositions_ops import _all_in_ort, _through_lort
 
 aten = torch.ops.aten

@@ -1,4 +1,4 @@
-"""lort's decompositions of indexing ops (lort.capture.decompositions_indexing) against
+"""lort's decompositions of indexing ops (lort.capture.decompositions.indexing) against
 eager PyTorch, exactly: the decomposition itself on many inputs (NaN, unsorted sequences,
 0-d tensors, every dim and offset), and the op through lort with every node in ORT."""
 
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lort.capture import decompositions_indexing as di
+from lort.capture.decompositions import indexing as di
 from test_decompositions_ops import _all_in_ort, _through_lort
 
 

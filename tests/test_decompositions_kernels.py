@@ -1,4 +1,4 @@
-"""Ops on dtypes ORT has no kernel for (lort.capture.decompositions_kernels) against eager
+"""Ops on dtypes ORT has no kernel for (lort.capture.decompositions.kernels) against eager
 PyTorch: outputs (exact for integers), float64 gradients, inputs holding inf and NaN, and
 every node in ORT."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lort.capture import decompositions_kernels as dk
+from lort.capture.decompositions import kernels as dk
 from test_decompositions_ops import _all_in_ort, _through_lort
 
 

@@ -1,5 +1,5 @@
 """lort's linalg_solve_triangular, triangular_solve and lu_unpack
-(lort.capture.decompositions_linalg) against eager PyTorch: every (upper, left or
+(lort.capture.decompositions.linalg) against eager PyTorch: every (upper, left or
 transpose, unitriangular), batch broadcasting, the unread triangle holding NaN, the
 pivots' permutation, and the ops through lort (values and gradients) with every node in
 ORT."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lort.backend import LortBackend
-from lort.capture import decompositions_linalg as dl
+from lort.capture.decompositions import linalg as dl
 
 SHAPES = [((3, 3), (3, 2)), ((1, 1), (1, 4)), ((2, 4, 4), (4, 3)), ((4, 4), (2, 4, 1)), ((2, 1, 5, 5), (3, 5, 2))]
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-12, 1e-12)}

@@ -1,4 +1,4 @@
-"""lort's single-op decompositions (lort.capture.decompositions_ops) and translation
+"""lort's single-op decompositions (lort.capture.decompositions.ops) and translation
 fixes, against eager PyTorch: the decomposition itself, and the op through lort (outputs
 and gradients, float64 where it matters), with every node in ORT."""
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lort.backend import LortBackend
-from lort.capture import decompositions_ops as dops
+from lort.capture.decompositions import ops as dops
 
 aten = torch.ops.aten
 

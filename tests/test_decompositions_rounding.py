@@ -1,5 +1,5 @@
 """Floor division, remainder, truncating integer division and fmax/fmin
-(lort.capture.decompositions_rounding) against eager PyTorch, exactly: values where
+(lort.capture.decompositions.rounding) against eager PyTorch, exactly: values where
 ``floor(a / b)`` is off by one, signs, zero divisors, inf and NaN, Python numbers on
 either side; through lort with every node in ORT."""
 
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lort.capture import decompositions_rounding as dr
+from lort.capture.decompositions import rounding as dr
 from test_decompositions_ops import _all_in_ort, _through_lort
 
 VALUES = [7.0, -7.0, 0.1, -0.1, 1.0, 0.0, -0.0, 3.0, -2.5, 1e30, -1e-30, math.inf, -math.inf, math.nan, 5.5, 69.0]

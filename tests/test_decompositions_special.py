@@ -1,4 +1,4 @@
-"""lort's lgamma, digamma, polygamma (lort.capture.decompositions_special) and Bessel
+"""lort's lgamma, digamma, polygamma (lort.capture.decompositions.special) and Bessel
 functions j0, j1, y0, y1, spherical j0 (decompositions_bessel) against eager PyTorch within the
 conformance sweep's tolerances (float32 rtol 1.3e-4 / atol 1e-4, float64 1e-7): the
 decompositions themselves on PyTorch's edge values (zeros of both signs, negative
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from lort.backend import LortBackend
-from lort.capture import decompositions_bessel as db
-from lort.capture import decompositions_special as ds
+from lort.capture.decompositions import bessel as db
+from lort.capture.decompositions import special as ds
 
 TOLERANCES = {torch.float32: (1.3e-4, 1e-4), torch.float64: (1e-7, 1e-7)}
 

@@ -415,7 +415,7 @@ class PoolNet(torch.nn.Module):
 
 
 def test_max_pool_keeps_orts_blocked_layout_between_convolutions():
-    """lort's max_pool NaN and -inf fix (capture/decompositions.py) is built of ops ORT
+    """lort's max_pool NaN and -inf fix (capture/decompositions/__init__.py) is built of ops ORT
     keeps in its blocked (NCHWc) layout: the frozen graph leaves that layout once, at the
     end, as the whole model exported to ORT does (a select on the pooled values took it
     out and back). After a ReLU the correction is one convolution into which ORT folds

@@ -289,7 +289,8 @@ def test_random_graph_end_to_end(seed, monkeypatch):
 def index_reduce_whole(monkeypatch):
     """index_reduce kept whole (lort decomposes it into scatter_reduce, all in ORT), so its
     backward graph is again the one whose PyTorch nodes made the fuser build a cycle."""
-    from lort.capture import decompositions, decompositions_indexing
+    from lort.capture import decompositions
+    from lort.capture.decompositions import indexing as decompositions_indexing
 
     own = decompositions_indexing.table
     monkeypatch.setattr(decompositions_indexing, "table",

@@ -216,7 +216,7 @@ CASES: list[Case] = [
       grad=False),
     # Quotients that round to an integer in float32: 7 // 0.1 is 69 (PyTorch, exact), not 70.
     C("div_floor_exact", lambda a, b: (torch.div(a, b, rounding_mode="floor") + 1, a // b + 1, a // 0.1 + 1),
-      _exact_quotients, grad=False),  # fmod-based, as PyTorch (capture/decompositions_rounding.py)
+      _exact_quotients, grad=False),  # fmod-based, as PyTorch (capture/decompositions/rounding.py)
     C("div_trunc", lambda a, b: torch.div(a, b, rounding_mode="trunc"), lambda: (f32(3, 4, scale=4), away0(3, 4)),
       grad=False),
     C("remainder", torch.remainder, lambda: (f32(3, 4, scale=4), away0(3, 4)), grad_args=(0,)),
@@ -470,7 +470,7 @@ CASES: list[Case] = [
     C("take_along_dim", lambda x, i: torch.take_along_dim(x, i, 1), lambda: (f32(3, 5), torch.tensor([[0], [4], [2]]))),
     C("scatter_add", lambda x, i, s: torch.scatter_add(x, 1, i, s),
       lambda: (f32(3, 5), torch.tensor([[0, 2, 0], [4, 1, 4], [3, 3, 3]]), f32(3, 3))),
-    # The embedding's backward runs whole in PyTorch (capture/decompositions.py); the
+    # The embedding's backward runs whole in PyTorch (capture/decompositions/__init__.py); the
     # products around it keep the backward graph's other nodes in ORT.
     C("embedding", lambda i, w: F.embedding(i, w).sin(), lambda: (torch.tensor([[1, 4, 4], [0, 2, 7]]), f32(8, 5)),
       fallback={"aten.embedding_dense_backward.default": NO_TRANSLATION}),
@@ -481,7 +481,7 @@ CASES: list[Case] = [
     C("narrow", lambda x: torch.narrow(x * 2, 1, 1, 3), lambda: (f32(3, 5),)),
     C("diagonal", lambda x: torch.diagonal(x * 2, offset=1), lambda: (f32(4, 5),), grad=False),
     # The backward is diagonal_scatter: lort's own decomposition (a scatter into the
-    # flattened plane, capture/decompositions_indexing.py) runs it in ORT.
+    # flattened plane, capture/decompositions/indexing.py) runs it in ORT.
     C("diagonal_backward", lambda x: torch.diagonal(x * 2, offset=1), lambda: (f32(4, 5),)),
     C("tensor_constant", lambda x: x / torch.tensor(4.0), lambda: (f32(3, 4),)),
     C("clone_contiguous", lambda x: x.t().contiguous() + 0, lambda: (f32(3, 4),)),
@@ -496,7 +496,7 @@ CASES: list[Case] = [
       lambda: (f32(3, 4),)),
     # ---- normalization ---------------------------------------------------------------
     # Batch norm's backward in training runs whole in PyTorch's kernel
-    # (capture/decompositions.py); in eval mode, and layer, group and RMS norm's backward,
+    # (capture/decompositions/__init__.py); in eval mode, and layer, group and RMS norm's backward,
     # are decomposed into ORT's ops.
     C("layer_norm", lambda x, w, b: F.layer_norm(x, (6,), w, b), lambda: (f32(2, 3, 6), f32(6), f32(6)), **RED),
     C("layer_norm_noaffine", lambda x: F.layer_norm(x, (3, 6)), lambda: (f32(2, 3, 6),), **RED),
@@ -554,7 +554,7 @@ CASES: list[Case] = [
       fallback={"aten.max_pool3d_with_indices_backward.default": NO_TRANSLATION}),
     C("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, (2, 3)) + 1, lambda: (f32(1, 2, 5, 7),), grad=False,
       fallback={"aten.adaptive_max_pool2d.default": NO_TRANSLATION}),
-    # torch_lib ignores divisor_override: lort sums the windows (capture/decompositions_kernels.py).
+    # torch_lib ignores divisor_override: lort sums the windows (capture/decompositions/kernels.py).
     C("avg_pool2d_divisor", lambda x: F.avg_pool2d(x, 3, 1, 1, divisor_override=2) + 1, lambda: (f32(1, 2, 4, 4),),
       grad=False),
     C("avg_pool3d_divisor", lambda x: F.avg_pool3d(x, 2, divisor_override=3) + 1, lambda: (f32(1, 2, 4, 4, 4),),
@@ -693,7 +693,7 @@ CASES: list[Case] = [
     C("empty_tensor", lambda x: x[:, 3:2] * 2 + 1, lambda: (f32(3, 5),), grad=False),
     # ---- found by the OpInfo conformance sweep (tests/test_conformance.py) -----------
     # torch_lib's erfcx is exp(x**2) * (1 - erf(x)) (NaN at 30) and erfc is 1 - erf(x): both are
-    # written from PyTorch's own kernels in capture/decompositions_erf.py and run in ORT.
+    # written from PyTorch's own kernels in capture/decompositions/erf.py and run in ORT.
     C("log_ndtr_tails", lambda x: torch.special.log_ndtr(x) + 1, lambda: (torch.tensor([-40.0, -10.0, -3.0, 0.0, 3.0]),),
       grad=False),
     C("erfcx_large", lambda x: torch.special.erfcx(x) + 1, lambda: (torch.tensor([30.0, 5.0, 0.5, -1.0]),),

@@ -140,7 +140,7 @@ def table() -> dict:
     float_diagonal = (
         "torch_lib's diagonal multiplies the whole (dim1, dim2) plane by an identity mask and "
         "sums it, so an inf or NaN off the diagonal makes the diagonal NaN (inf * 0); lort "
-        "decomposes float diagonal/diagonal_copy as a gather (capture/decompositions_indexing.py), "
+        "decomposes float diagonal/diagonal_copy as a gather (capture/decompositions/indexing.py), "
         "those it cannot (dynamic shapes) run in PyTorch"
     )
     int32_index = _when(
@@ -249,7 +249,7 @@ def table() -> dict:
             lambda n: _is_float_arg(n, 0),
             "torch_lib's logcumsumexp subtracts the max of the whole dimension before a cumsum of "
             "exp, so exp underflows to 0 before a large element (float32 logcumsumexp([0, 500]) "
-            "gave [-inf, 500]); lort's decomposition (capture/decompositions_ops.py) covers "
+            "gave [-inf, 500]); lort's decomposition (capture/decompositions/ops.py) covers "
             "dimensions up to 1024, longer ones run in PyTorch",
         ),
         aten.diagonal.default: _when(lambda n: _is_float_arg(n, 0), float_diagonal),

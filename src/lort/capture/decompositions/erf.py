@@ -20,8 +20,8 @@ import math
 
 import torch
 
-from ..fusion import support
-from .decompositions_special import _float_input, _full
+from ...fusion import support
+from .special import _float_input, _full
 
 aten = torch.ops.aten
 

@@ -22,8 +22,8 @@ import math
 
 import torch
 
-from .decompositions_bessel import _on_float
-from .decompositions_special import _cast, _full, _in
+from .bessel import _on_float
+from .special import _cast, _full, _in
 
 aten = torch.ops.aten
 

@@ -26,8 +26,8 @@ import math
 
 import torch
 
-from ..fusion import support
-from .decompositions_rounding import truncated_division
+from ...fusion import support
+from .rounding import truncated_division
 
 aten = torch.ops.aten
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .decompositions_special import _float_input, _full
+from .special import _float_input, _full
 
 aten = torch.ops.aten
 

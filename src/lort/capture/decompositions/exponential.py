@@ -39,7 +39,7 @@ import math
 import torch
 from torch._decomp import decomposition_table
 
-from ..fusion import support
+from ...fusion import support
 
 aten = torch.ops.aten
 
