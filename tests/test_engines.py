@@ -239,3 +239,40 @@ def test_inductor_compiles_a_transformers_model_in_its_subprocess():
     for g, w in zip(grads_got, grads_want):
         if w is not None:
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_inductor_compiles_a_convolutional_model_in_its_subprocess():
+    """Inductor's layout optimization made the forward save channels-last tensors, while
+    its backward, sent to the subprocess before the forward's code existed, expected
+    dense ones: every call of a model with convolutions failed inductor's stride check,
+    so executor="auto" never timed inductor on ResNet-50 or ViT (benchmarks/engines.md).
+    A ViT-style patch embedding and a convolution stack: forward and backward against
+    eager."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 64, 4, stride=4), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(64, 64, 3, padding=1), nn.Flatten(), nn.Linear(64 * 8 * 8, 10))
+    x = torch.randn(2, 3, 32, 32)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    torch.compile(model, backend=capture)(x).sum().backward()
+    (gm, example_inputs), = graphs
+    job = inductor_compat.start(gm, example_inputs)
+    start = time.perf_counter()
+    while not job.ready():
+        assert time.perf_counter() - start < 600, "inductor's subprocess did not finish"
+        time.sleep(0.05)
+    fn = job.result()
+    inputs = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+              for a in example_inputs]
+    got, want = fn(*inputs), gm(*inputs)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
+    leaves = [a for a in inputs if isinstance(a, torch.Tensor) and a.requires_grad]
+    assert leaves
+    grads_got = torch.autograd.grad(got[0].square().sum(), leaves)
+    grads_want = torch.autograd.grad(want[0].square().sum(), leaves)
+    for g, w in zip(grads_got, grads_want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)

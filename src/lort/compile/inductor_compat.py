@@ -11,7 +11,8 @@ generation and C++ compile to inductor's compile subprocess (``_SubprocessFxComp
 the one worker inductor keeps per process), returning at once. The callable it returns
 is valid once ``ready()``; a failure in the subprocess is raised by ``result()``.
 
-Inductor's FX graph cache is off for these compiles: a pending graph cannot be saved.
+Inductor's FX graph cache is off for these compiles: a pending graph cannot be saved. So
+is its layout optimization (below, where it is turned off).
 Inductor's graph pickler sends only ``aten`` (and ``fbgemm``) ops to its subprocess and
 refuses any other (``torch.ops.prims.convert_element_type``, in every graph with a dtype
 cast after inductor's decompositions: BERT's attention mask); ``prims`` ops are built
@@ -128,7 +129,12 @@ def start(gm: torch.fx.GraphModule, example_inputs: list) -> BackgroundCompile:
             stack.enter_context(_prims_picklable())
             # The backward is compiled now too (AOTAutograd compiles it at its first run).
             stack.enter_context(torch._functorch.config.patch(force_non_lazy_backward_lowering=True))
-            stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
+            # Inductor's layout optimization (channels-last around convolutions) changes the
+            # forward's saved tensors' strides at code generation; its backward learns them
+            # from the compiled forward, which is still in the subprocess when the backward
+            # is sent: it then expected dense strides and failed on the forward's
+            # channels-last ones (every convolutional model: ResNet-50, ViT's patch embedding).
+            stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False, layout_optimization=False))
             job.fn = torch._dynamo.disable(compile_fx.compile_fx)(copy, list(example_inputs))
     finally:
         compile_fx.fx_codegen_and_compile = real
