@@ -20,6 +20,7 @@ weights, each with its AdamW optimizer: eager PyTorch, ``torch.compile`` (induct
 - each graph's engine, and the times it was chosen by.
 
     python benchmarks/engines.py [--cases bert_base,gpt2_small] [--batch 4] [--rounds 20]
+        (cases: bert_base, gpt2_small, resnet50 (timm, 224 px), vit_small (timm ViT-S/16))
         [--engines ort,pytorch,inductor]
 
 Writes benchmarks/engines.md (``--out``), replacing the section for its command.
@@ -46,7 +47,9 @@ make_torchvision_importable()
 import lort
 from lort.testing import models
 case, batch, rounds, engines = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), tuple(sys.argv[4].split(","))
-build = {"bert_base": models.bert_base, "gpt2_small": models.gpt2_small}[case]
+build = {"bert_base": models.bert_base, "gpt2_small": models.gpt2_small,
+         "resnet50": lambda batch: models.timm_model("resnet50", batch=batch, size=224),
+         "vit_small": lambda batch: models.timm_model("vit_small_patch16_224", batch=batch, size=224)}[case]
 made = build(batch=batch)
 model, args, kwargs = made if len(made) == 3 else (*made, {})
 model.train(True)
@@ -128,6 +131,10 @@ def machine() -> str:
             f"onnxruntime {onnxruntime.__version__}")
 
 
+#: What one sample of each case is.
+SIZE = {"bert_base": "x 128", "gpt2_small": "x 128", "resnet50": "at 224 px", "vit_small": "at 224 px"}
+
+
 def table(results: dict, batch: int) -> list[str]:
     lines = [
         "| case | eager ms | inductor ms | lort ms | lort vs eager | lort vs inductor | inductor vs eager "
@@ -140,7 +147,7 @@ def table(results: dict, batch: int) -> list[str]:
         chosen = "; ".join(f"{name}: {engine} ({', '.join(f'{k} {v:.1f} ms' for k, v in t.items())})"
                            for name, engine, t in r["graphs"])
         lines.append(
-            f"| {case} train, batch {batch} x 128 | {s['eager']:.1f} | {s['inductor']:.1f} | {s['lort']:.1f} | "
+            f"| {case} train, batch {batch} {SIZE[case]} | {s['eager']:.1f} | {s['inductor']:.1f} | {s['lort']:.1f} | "
             f"{r['lort_vs_eager']:.2f}x | {r['lort_vs_inductor']:.2f}x | {r['inductor_vs_eager']:.2f}x | "
             f"{f['eager']:.1f} / {f['inductor']:.1f} / {f['lort']:.1f} | "
             f"{'-' if r['second_s'] is None else format(r['second_s'], '.1f')} | {r['final']:.1f} ({r['meanwhile']}, "
