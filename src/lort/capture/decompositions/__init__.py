@@ -78,8 +78,8 @@ def copysign(a, b):
     return torch.where(torch.signbit(b), torch.neg(magnitude), magnitude)
 
 
-#: Ops PyTorch decomposes that lort keeps whole, to run in PyTorch's fused kernel (the
-#: module's docstring says why each).
+#: Ops PyTorch decomposes that lort keeps whole, to run in PyTorch's kernel (the package's
+#: docstring says why each; batch norm's backward is kept whole in training only, below).
 KEPT_WHOLE = (aten.embedding_dense_backward.default,)
 
 
@@ -114,7 +114,7 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     # own, indexing's).
     for op in (aten.lift_fresh.default, aten.diagonal_scatter.default, aten.as_strided_scatter.default):
         decomps.pop(op, None)
-    # An embedding's and a batch norm's backward stay whole, in PyTorch (the module's docstring).
+    # An embedding's and a batch norm's backward stay whole, in PyTorch (the package's docstring).
     for op in KEPT_WHOLE:
         decomps.pop(op, None)
     bn_backward = aten.native_batch_norm_backward.default
