@@ -205,6 +205,18 @@ def test_engines_option_errors_and_leaving_inductor_out(data, monkeypatch):
     assert backend.switches == []
 
 
+def _compiled_in_subprocess(gm, example_inputs):
+    """inductor_compat.start on a Dynamo graph, waited for; and fresh copies of its inputs."""
+    job = inductor_compat.start(gm, example_inputs)
+    start = time.perf_counter()
+    while not job.ready():
+        assert time.perf_counter() - start < 600, "inductor's subprocess did not finish"
+        time.sleep(0.05)
+    inputs = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+              for a in example_inputs]
+    return job.result(), inputs
+
+
 def test_inductor_compiles_a_transformers_model_in_its_subprocess():
     """compile/inductor_compat.py on a real model: BERT's graph holds prims ops (the
     attention mask's dtype cast) that inductor's pickler refused, and module stacks that
@@ -221,14 +233,7 @@ def test_inductor_compiles_a_transformers_model_in_its_subprocess():
 
     output_tensor(torch.compile(model, backend=capture)(ids, mask)).sum().backward()
     (gm, example_inputs), = graphs
-    job = inductor_compat.start(gm, example_inputs)
-    start = time.perf_counter()
-    while not job.ready():
-        assert time.perf_counter() - start < 600, "inductor's subprocess did not finish"
-        time.sleep(0.05)
-    fn = job.result()
-    inputs = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
-              for a in example_inputs]
+    fn, inputs = _compiled_in_subprocess(gm, example_inputs)
     want = gm(*inputs)
     got = fn(*inputs)
     for g, w in zip(got, want):
@@ -260,14 +265,7 @@ def test_inductor_compiles_a_convolutional_model_in_its_subprocess():
 
     torch.compile(model, backend=capture)(x).sum().backward()
     (gm, example_inputs), = graphs
-    job = inductor_compat.start(gm, example_inputs)
-    start = time.perf_counter()
-    while not job.ready():
-        assert time.perf_counter() - start < 600, "inductor's subprocess did not finish"
-        time.sleep(0.05)
-    fn = job.result()
-    inputs = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
-              for a in example_inputs]
+    fn, inputs = _compiled_in_subprocess(gm, example_inputs)
     got, want = fn(*inputs), gm(*inputs)
     torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
     leaves = [a for a in inputs if isinstance(a, torch.Tensor) and a.requires_grad]

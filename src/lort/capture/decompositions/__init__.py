@@ -89,12 +89,11 @@ def _batch_norm_backward_in_training(decomposition):
     sum that ORT runs with its neighbours, and the whole op would need the forward's saved
     statistics, which the inference forward gives as empty tensors (ORT cannot)."""
 
-    def decompose(grad_out, inp, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
-                  output_mask):
+    def decompose(*args, **kwargs):
+        train = kwargs["train"] if "train" in kwargs else args[7]  # the schema's eighth argument
         if train:
             return NotImplemented  # the tracer keeps the op
-        return decomposition(grad_out, inp, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
-                             output_mask)
+        return decomposition(*args, **kwargs)
 
     return decompose
 
