@@ -55,43 +55,47 @@ def build(case: str, batch: int):
     return models.bert_base(batch=batch)
 
 
+def decomposed_by_lort(op, decomps=None) -> bool:
+    """Whether lort's table (or ``decomps``) traces ``op`` with PyTorch's own decomposition."""
+    from lort.capture import decompositions
+
+    decomps = decompositions.table() if decomps is None else decomps
+    return op in decomps and decomps[op] is torch._decomp.decomposition_table.get(op)
+
+
 @contextlib.contextmanager
 def moved(op):
     """lort's decomposition table with ``op`` moved: popped where lort decomposes it,
     PyTorch's decomposition where lort keeps it whole."""
-    from lort import backend
     from lort.capture import decompositions
 
     original = decompositions.table
 
     def table(*args, **kwargs):
         decomps = dict(original(*args, **kwargs))
-        if op in decomps and decomps[op] is torch._decomp.decomposition_table.get(op):
+        if decomposed_by_lort(op, decomps):
             decomps.pop(op)
         else:
             decomps[op] = torch._decomp.decomposition_table[op]
         return decomps
 
-    backend.decompositions.table = table
+    decompositions.table = table  # read by lort's backend at each compile
     try:
         yield
     finally:
-        backend.decompositions.table = original
+        decompositions.table = original
 
 
 def run_case(case: str, batch: int, repeats: int) -> list[str]:
     import lort
-    from lort.capture import decompositions
     from lort.testing.models import output_tensor
 
     made = build(case, batch)
     model, args = made[0], made[1]
     model.train(True)
-    kept = lambda op: op not in decompositions.table() or decompositions.table()[op] is not \
-        torch._decomp.decomposition_table.get(op)  # noqa: E731
     variants = {"eager": None, "lort's policy": None}
     for name in CASE_OPS[case]:
-        variants[f"{name} {'decomposed' if kept(OPS[name]) else 'whole'}"] = OPS[name]
+        variants[f"{name} {'whole' if decomposed_by_lort(OPS[name]) else 'decomposed'}"] = OPS[name]
     steps = {}
     for label, op in variants.items():
         m = copy.deepcopy(model)
