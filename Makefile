@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench conformance install native clean
+.PHONY: demo test bench docs conformance install native clean
 
 $(STAMP): pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,25 @@ demo: native
 test: native
 	$(PY) -m pytest -q tests
 
-bench: native
-	$(PY) benchmarks/run.py
+# The main benchmark suite (python -m benchmarks speed), then its charts; every suite:
+# python -m benchmarks --list. Results: benchmarks/results/.
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench: native $(BENCH_STAMP)
+	$(PY) -m benchmarks speed $(ARGS)
+	$(PY) -m benchmarks charts
+
+# The documentation site (Sphinx, MyST Markdown), warnings as errors: docs/_build/html.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) -m sphinx -W --keep-going -n -b html docs docs/_build/html
 
 # PyTorch's OpInfo suite through lort (every op, float32/float64/int64), in worker
 # processes; writes benchmarks/conformance.md.
@@ -36,4 +53,4 @@ conformance: native
 	$(PY) benchmarks/conformance.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build *.egg-info src/*.egg-info docs/_build
