@@ -189,6 +189,42 @@ def test_where_inductor_cannot_compile_one_warning_and_the_others_choose(data, m
     assert backend.switches == []  # the second backend did not try
 
 
+def test_inductor_code_that_fails_its_timing_is_dropped_and_explain_says_why(data, monkeypatch, tmp_path, caplog):
+    """Inductor compiled, but its code raises on the timing's inputs: the graph goes on in
+    the placement that ran, results stay eager's, one WARNING on the lort logger, and
+    explain and the HTML report say why inductor was not chosen (it was an INFO line only)."""
+    x, y = data
+
+    class Broken:
+        def ready(self):
+            return True
+
+        def result(self):
+            def run(*args):
+                raise RuntimeError("a kernel of inductor's code failed (test)")
+            return run
+
+    monkeypatch.setattr(inductor_compat, "start", lambda gm, example_inputs: Broken())
+    model = Net()
+    reference = copy.deepcopy(model)
+    backend = LortBackend(AUTO)
+    compiled = torch.compile(model, backend=backend)
+    losses = _train(model, lambda i: compiled, 4, x, y)
+    expected = _train(reference, lambda i: reference, 4, x, y)
+    torch.testing.assert_close(torch.stack(losses), torch.stack(expected), rtol=1e-4, atol=1e-5)
+    switch = _switch(backend)
+    assert switch.engine in ("ort", "pytorch")
+    notes = [n for r in backend.records for n in r.engine_notes]
+    assert notes and all("inductor compiled it but its timing failed" in n and "(test)" in n for n in notes), notes
+    report = lort.ExplainReport(backend.records)
+    text = str(report)
+    assert "engines not timed:" in text and "a kernel of inductor's code failed (test)" in text, text
+    page = report.save_html(str(tmp_path / "lort.html"), layout="networkx")
+    assert "Inductor compiled it but its timing failed" in open(page).read()
+    warned = [r for r in caplog.records if r.name == "lort" and r.levelname == "WARNING" and "timing failed" in r.message]
+    assert len(warned) == 1, warned
+
+
 def test_engines_option_errors_and_leaving_inductor_out(data, monkeypatch):
     for bad in ("inductor", ("ort",), ("ort", "pytorch", "tvm"), ("ort", "ort", "pytorch")):
         with pytest.raises(ValueError, match="engines=.* must be a list of engines from"):

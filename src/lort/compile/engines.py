@@ -40,6 +40,7 @@ from .tuner import Tuner
 
 logger = logging.getLogger("lort")
 
+_RUNS = {"ort": "through lort", "pytorch": "in eager PyTorch"}
 _state = {"broken": None}  # why inductor cannot compile in this process (said once), or None
 _state_lock = threading.Lock()
 
@@ -49,12 +50,16 @@ def inductor_broken() -> str | None:
     return _state["broken"]
 
 
+def _error_text(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def _mark_broken(error: BaseException) -> None:
     with _state_lock:
         if _state["broken"] is not None:
             return
-        text = str(error).strip()
-        _state["broken"] = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+        _state["broken"] = _error_text(error)
     msg = (f"lort: inductor could not compile a graph ({_state['broken'][:300]}); executor='auto' chooses between "
            "lort's ORT groups and eager PyTorch only in this process. Options(engines=('ort', 'pytorch')) leaves "
            "inductor out without trying")
@@ -108,6 +113,7 @@ class EngineSwitch:
             self._job = inductor_compat.start(gm, inputs)
         except Exception as e:  # noqa: BLE001 - inductor left out, the graph runs as it did
             _mark_broken(e)
+            self._note(f"inductor could not trace it ({_error_text(e)[:300]})")
             return False
         finally:
             self.trace_s = time.perf_counter() - start
@@ -148,12 +154,17 @@ class EngineSwitch:
             inductor = job.result()
         except Exception as e:  # noqa: BLE001 - the subprocess's compile failed
             _mark_broken(e)
+            self._note(f"inductor could not compile it ({_error_text(e)[:300]})")
             return self._keep(running, current)
         if self._decided == "inductor":
             return self._take_inductor(inductor, self._times, cached=True, compile_s=self.compile_s)
         candidates = {running: current, Placement.INDUCTOR.value: inductor}
         times = self._tuner.time_graph(candidates, args)
-        if not times:
+        if not times:  # inductor's code, or the running placement, raised on the timing's inputs
+            logger.warning("lort: %s: inductor compiled the graph but its timing failed (%s); it runs %s",
+                           self._name, self._tuner.timing_failure, _RUNS[running])
+            self._note(f"inductor compiled it but its timing failed ({self._tuner.timing_failure}); "
+                       f"it runs {_RUNS[running]}")
             return self._keep(running, current)
         if abs(times["inductor"] / times[running] - 1.0) < CLOSE_CALL:  # a close call: more samples
             more = self._tuner.time_graph(candidates, args) or {}
@@ -161,7 +172,7 @@ class EngineSwitch:
         merged = {**(self._records[0].executor_times if self._records else {}), **self._times, **times}
         logger.info("lort: %s: inductor ready %.1f s after the capture; %.3f ms with inductor, %.3f ms %s",
                     self._name, self.compile_s, times["inductor"] * 1e3, times[running] * 1e3,
-                    "through lort" if running == "ort" else "in eager PyTorch")
+                    _RUNS[running])
         if times["inductor"] < self._tuner.graph_eager_margin * times[running]:
             self._store("inductor", merged)
             return self._take_inductor(inductor, merged, cached=False, compile_s=self.compile_s)
@@ -169,6 +180,10 @@ class EngineSwitch:
         for record in self._records:
             record.executor_times = {**record.executor_times, **merged}
         return self._keep(running, current)
+
+    def _note(self, text: str) -> None:
+        for record in self._records:
+            record.engine_notes.append(text)
 
     def _keep(self, running: str, current: Callable) -> Callable:
         self._fn = current

@@ -46,6 +46,10 @@ class ChooseOnFirstCall:
         times = self._tuner.time_graph(candidates, args)
         times = self._tuner.timed_again_if_close(times, lambda: self._tuner.time_graph(candidates, args))
         seconds = time.perf_counter() - start
+        if not times:  # a candidate raised: lort's graph runs (choose_graph_executor)
+            for record in self._records:
+                record.engine_notes.append(f"the whole graph's timing against eager PyTorch failed "
+                                           f"({self._tuner.timing_failure}); lort's graph runs")
         # The timing runs' activations and gradients, freed, back to the system before the
         # call itself allocates its own (glibc kept 0.5 GB of BERT-base's, adding to the peak).
         give_back_memory()

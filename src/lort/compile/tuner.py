@@ -90,6 +90,9 @@ class Tuner:
     #: (lort's cheapest call: 0.03 ms inference, 0.14 ms training on a 2-core VM).
     tiny_inputs_bytes: int = 1 << 20
     tiny_graph_s: float = 0.001
+    #: Why the last whole-graph timing failed (the exception's type and first line), or
+    #: None: the callers put it in the graph's records, where explain shows it.
+    timing_failure: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
     # -- decisions -----------------------------------------------------------------
     def choose_threads(
@@ -251,11 +254,14 @@ class Tuner:
         device = next((a.device for a in example_inputs if isinstance(a, torch.Tensor) and a.is_cuda), None)
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state(device) if device is not None else None
+        self.timing_failure = None
         try:
             with timing_runs():
                 return self._time_graph(candidates, example_inputs, train, device, give_up_s)
         except Exception as e:  # noqa: BLE001 - a timing failure must not fail compilation
-            logger.info("lort: whole-graph timing failed (%s); keeping lort's graph", e)
+            text = str(e).strip()
+            self.timing_failure = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
+            logger.info("lort: whole-graph timing of %s failed (%s)", ", ".join(candidates), self.timing_failure)
             return None
         finally:
             torch.set_rng_state(rng)

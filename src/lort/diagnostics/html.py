@@ -164,7 +164,8 @@ def _section(r: GraphRecord, layout: str) -> str:
         f'<h2>{html.escape(r.name)} <span class="badge">{html.escape(r.kind)}</span>'
         f'<span class="badge {where}">{badge}</span></h2>',
         f'<div class="meta">{_whole_graph_line(r)} {len(r.groups)} ORT group(s); '
-        f"{r.ort_nodes}/{total} ATen nodes in ORT ({100 * frac:.1f}%), {r.torch_nodes} in PyTorch.</div>",
+        f"{r.ort_nodes}/{total} ATen nodes in ORT ({100 * frac:.1f}%), {r.torch_nodes} in PyTorch."
+        + "".join(f" {html.escape(note[:1].upper() + note[1:])}." for note in r.engine_notes) + "</div>",
         f'<div class="bar" title="{100 * frac:.1f}% of ATen nodes in ORT">'
         f'<div style="width:{100 * frac:.2f}%"></div></div>',
         f'<div class="graph">{svg}</div>',

@@ -78,6 +78,10 @@ class GraphRecord:
     #: (keys "ort", "pytorch", "inductor").
     executor: Placement = Placement.ORT
     executor_times: dict = dataclasses.field(default_factory=dict)
+    #: Why an engine of executor="auto" was not timed for this graph, or its timing
+    #: failed (inductor's compile, a candidate that raised): explain and the HTML report
+    #: show them beside the engine that runs.
+    engine_notes: list[str] = dataclasses.field(default_factory=list)
 
     def ran_whole_in_pytorch(self, times: dict, cached: bool = False) -> None:
         """The graph this record belongs to runs in eager PyTorch: nothing of it in ORT."""

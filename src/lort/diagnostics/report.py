@@ -75,6 +75,9 @@ class ExplainReport:
                 if close_call(t) and not t.get("floor") and r.executor != Placement.INDUCTOR:
                     line += f" [close call: within {CLOSE_CALL:.0%}; another process may choose otherwise]"
             lines.append(line)
+        notes = [(r.name, note) for r in self.records for note in r.engine_notes]
+        if notes:
+            lines += ["", "engines not timed:"] + [f"  {name}: {note}" for name, note in notes]
         if self.groups:
             lines += [
                 "", f"{'group':<28} {'nodes':>6} {'inputs':>7} {'frozen':>7} {'outputs':>8} {'threads':>8}  ORT fusions"
