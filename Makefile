@@ -48,9 +48,9 @@ docs: $(DOCS_STAMP)
 	$(PY) -m sphinx -W --keep-going -n -b html docs docs/_build/html
 
 # PyTorch's OpInfo suite through lort (every op, float32/float64/int64), in worker
-# processes; writes benchmarks/conformance.md.
+# processes; writes benchmarks/results/conformance.md.
 conformance: native
-	$(PY) benchmarks/conformance.py
+	$(PY) -m benchmarks conformance
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info docs/_build

@@ -1,9 +1,9 @@
 """PyTorch's OpInfo conformance sweep through lort: every op of ``op_db``, float32, float64
 and int64 where the op supports them, the first samples of each, forward outputs and
 input gradients against eager (lort.testing.conformance says how). Runs the ops in worker
-processes and writes benchmarks/conformance.md (and the raw results as JSON beside it).
+processes and writes benchmarks/results/conformance.md (and, with ``--json``, the raw results).
 
-    python benchmarks/conformance.py [--workers 2] [--ops add,sin] [--dtypes float32]
+    python -m benchmarks conformance [--workers 2] [--ops add,sin] [--dtypes float32]
                                      [--samples 2] [--no-extreme] [--out FILE] [--json FILE]
 
 ``--samples 0`` runs only the extreme-value sample (lort.testing.conformance_extreme).
@@ -16,37 +16,14 @@ import collections
 import datetime
 import json
 import os
-import platform
 import sys
 import time
-from importlib import metadata
 
 from lort.testing import conformance
 from lort.testing.conformance_pool import run_sweep
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def _versions() -> str:
-    names = ("torch", "onnxruntime", "onnxscript", "onnx", "onnx-ir", "lort")
-    out = []
-    for n in names:
-        try:
-            out.append(f"{n} {metadata.version(n)}")
-        except metadata.PackageNotFoundError:
-            pass
-    return ", ".join(out)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
 
 
 def _pct(x) -> str:
@@ -63,7 +40,7 @@ def render(results: list, args, seconds: float) -> str:
     lines = [
         "# OpInfo conformance: PyTorch's op database through lort",
         "",
-        f"Taken by `make conformance` (`python benchmarks/conformance.py`) on "
+        f"Taken by `make conformance` (`{report.command('conformance', getattr(args, 'argv', None))}`) on "
         f"{datetime.date.today().isoformat()}: every op of "
         "`torch.testing._internal.common_methods_invocations.op_db`, for float32, float64 and "
         f"int64 where the op supports them, its first {args.samples} sample inputs, through "
@@ -76,8 +53,8 @@ def render(results: list, args, seconds: float) -> str:
         "eager runs differ: random ops) is not applicable. The harness is "
         "`lort.testing.conformance`; its `XFAILS` lists the expected failures.",
         "",
-        f"Machine: {_cpu_name()}, {os.cpu_count()} cores; {args.workers} worker process(es), "
-        f"one thread each; {_versions()}; Python {platform.python_version()}.",
+        f"Machine: {report.host()}; {args.workers} worker process(es), "
+        f"one thread each; {report.versions(extra=('onnx', 'onnx-ir'))}.",
         f"Run time: {seconds / 60:.1f} min for {len({r.op for r in results})} ops.",
         "",
         "## Totals",
@@ -172,9 +149,10 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=conformance.SAMPLES)
     ap.add_argument("--no-extreme", action="store_true", help="skip the extreme-value sample")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per op (all its dtypes)")
-    ap.add_argument("--out", default=os.path.join(HERE, "conformance.md"))
+    ap.add_argument("--out", default=report.result_path("conformance.md"))
     ap.add_argument("--json", default=None, help="where to write the raw results (default: none)")
     a = ap.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)
     names = a.ops.split(",") if a.ops else list(conformance.ops_by_id())
     dtypes = a.dtypes.split(",")
     done = [0]
@@ -194,9 +172,7 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"seconds": seconds, "results": [r.to_json() for r in results]}, f)
-    text = render(results, a, seconds)
-    with open(a.out, "w") as f:
-        f.write(text)
+    report.write_file(a.out, render(results, a, seconds))
     for dtype, counts in conformance.totals(results).items():
         print(dtype, dict(counts))
     print(f"mean ORT share {_pct(conformance.mean_ort_share(results))} "

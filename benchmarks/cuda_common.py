@@ -1,13 +1,19 @@
-"""What benchmarks/run.py --device cuda and benchmarks/cuda_memory.py share: whether CUDA
-can run here, the device and versions line, and rows kept across runs in a JSON file
-(a GPU machine's command time is limited, so a full table takes several runs)."""
+"""What the CUDA suites (``python -m benchmarks cuda``: benchmarks/run.py --device cuda;
+``python -m benchmarks cuda-memory``: benchmarks/cuda_memory.py) share: whether CUDA can
+run here, the device line built on report.py's host and versions, and rows kept across
+runs in a JSON file (a GPU machine's command time is limited, so a full table takes
+several runs)."""
 
 from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
+from report import host  # noqa: E402
 
 
 def cuda_unavailable() -> str | None:
@@ -51,50 +57,24 @@ def driver_version() -> str:
     return "unknown"
 
 
-def version(dist: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "absent"
-
-
 def device_name() -> str:
     import torch
 
     return torch.cuda.get_device_name(torch.cuda.current_device())
 
 
-def host() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores"
-
-
 def machine() -> str:
-    """The device, driver, host and versions, for a results file."""
-    import onnxruntime
-    import onnxscript
+    """The device and driver, then report.py's host and versions (torch's CUDA and cuDNN,
+    and the model libraries, added), for a results file."""
     import torch
 
-    import lort
-
     p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    versions = report.versions(
+        extra=("onnx-ir", "onnx", "transformers", "timm"),
+        torch_detail=f" (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})")
     return (
         f"{p.name} ({p.total_memory / 2**30:.0f} GiB, compute capability {p.major}.{p.minor}, "
-        f"{p.multi_processor_count} SMs), driver {driver_version()}; host {host()}; "
-        f"Python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}, "
-        f"cuDNN {torch.backends.cudnn.version()}), onnxruntime {onnxruntime.__version__}, "
-        f"onnxscript {onnxscript.__version__}, onnx-ir {version('onnx-ir')}, onnx {version('onnx')}, "
-        f"transformers {version('transformers')}, timm {version('timm')}, lort {lort.__version__}"
+        f"{p.multi_processor_count} SMs), driver {driver_version()}; host {host()}; {versions}"
     )
 
 

@@ -22,7 +22,7 @@ idle (one process at a time here). Reported, in MiB:
   steps minus its baseline; peak minus torch peak is memory outside PyTorch's allocator
   (ORT's arenas, the libraries' workspaces).
 
-    python benchmarks/cuda_memory.py [--models bert,resnet50] [--backends eager,lort,inductor]
+    python -m benchmarks cuda-memory [--models bert,resnet50] [--backends eager,lort,inductor]
         [--steps 10] [--lort-options '{"executor": "ort"}'] [--json rows.json] [--out FILE]
 
 ``--lort-options`` passes options to lort (to show the effect of one, e.g. on ORT's
@@ -42,6 +42,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cuda_common  # noqa: E402
+import report  # noqa: E402
 
 CHILD = r"""
 import gc, json, sys, threading, time
@@ -165,7 +166,7 @@ def measure(name, backend, batch, steps, steady_from, options, timeout):
 
 
 def mib(b):
-    return b / 2**20
+    return b / report.MIB
 
 
 def cell(r, key):
@@ -211,11 +212,11 @@ def main(argv=None):
     ap.add_argument("--lort-options", default="{}", help="lort options as JSON, for the lort runs")
     ap.add_argument("--timeout", type=int, default=400, help="seconds per process")
     ap.add_argument("--json", default=None, help="keep rows in this file and merge earlier runs' rows")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda_memory.md"))
+    ap.add_argument("--out", default=report.result_path("cuda_memory.md"))
     a = ap.parse_args(argv)
     why = cuda_common.cuda_unavailable()
     if why:
-        ap.error(why.replace("--device cuda", "benchmarks/cuda_memory.py"))
+        ap.error(why.replace("--device cuda", "python -m benchmarks cuda-memory"))
     from lort.testing.models import CUDA_CASES
 
     models = [m for m in (a.models or ",".join(CUDA_CASES)).split(",") if m]
@@ -255,7 +256,7 @@ def write(a, rows, backends, mach, elapsed):
     lines = [
         "# Peak GPU memory of training steps",
         "",
-        f"Taken {datetime.date.today().isoformat()} by `python benchmarks/cuda_memory.py`"
+        f"Taken {datetime.date.today().isoformat()} by `python -m benchmarks cuda-memory`"
         + (f" ({rows.runs} runs on this device merged with --json)." if rows.runs > 1 else f" ({elapsed:.0f} s)."),
         f"Device: {mach}.",
         f"Numerics: float32; {cuda_common.tf32_line()}.",
@@ -279,8 +280,7 @@ def write(a, rows, backends, mach, elapsed):
         *[format_row(r, shown) for r in all_rows],
         "",
     ]
-    with open(a.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    report.write_file(a.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

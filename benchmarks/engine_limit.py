@@ -14,7 +14,11 @@ threads of one step must not slow the next). Ratios are whole-ORT time / lort ti
 the same spinning setting (at least 0.9 for ORTModule and 0.8 for torch.compile is issue
 31's bar) and eager time / lort time.
 
-    python benchmarks/engine_limit.py [--models efficientnet,convnext] [--batches 1,8] [--out FILE]
+    python -m benchmarks engine-limit [--models efficientnet,convnext] [--batches 1,8] [--out FILE]
+
+Writes benchmarks/results/engine_limit_run.md (``--out``), not results/engine_limit.md: that
+file holds the runs' tables with their commands and the reading written by hand, into which
+a new run's table is copied when it is read.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import argparse
 import copy
 import datetime
 import os
-import platform
 import statistics
 import sys
 
@@ -33,15 +36,13 @@ from lort.testing.models import CASES, make_torchvision_importable
 
 make_torchvision_importable()
 
-import onnxruntime  # noqa: E402
-
 import lort  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
 from timing import timed_interleaved  # noqa: E402
 from whole_ort import whole_ort_step  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MODELS = ["efficientnet", "convnext", "mobilevit", "levit", "regnety", "mobilenetv3", "vit", "resnet50"]
 COLUMNS = ["eager", "whole", "whole_spin", "ortmodule", "ortmodule_spin", "compile", "compile_spin",
            "compile_filtered", "om_session", "tc_session", "tc_graph"]
@@ -199,7 +200,7 @@ def main(argv=None) -> None:
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--min-time", type=float, default=3.0, help="seconds per step per row")
-    ap.add_argument("--out", default=os.path.join(HERE, "engine_limit_run.md"))
+    ap.add_argument("--out", default=report.result_path("engine_limit_run.md"))
     a = ap.parse_args(argv)
     rows = []
     for name in a.models.split(","):
@@ -210,15 +211,8 @@ def main(argv=None) -> None:
             rows.append((name, batch, t, missing))
             print(format_rows(rows[-1:])[2], flush=True)
             del steps
-    cpu = platform.processor() or platform.machine()
-    head = [
-        f"Taken {datetime.date.today()} by `python benchmarks/engine_limit.py`; {cpu}, {os.cpu_count()} cores, torch "
-        f"threads {torch.get_num_threads()}; torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, "
-        f"lort {lort.__version__}; Python {platform.python_version()}.",
-        "",
-    ]
-    with open(a.out, "w") as f:
-        f.write("\n".join(head + format_rows(rows)) + "\n")
+    head = [f"Taken {datetime.date.today()} by `{report.command('engine-limit', argv)}`; {report.machine()}.", ""]
+    report.write_file(a.out, "\n".join(head + format_rows(rows)) + "\n")
     print("\n".join(format_rows(rows)))
 
 

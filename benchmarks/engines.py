@@ -19,11 +19,11 @@ weights, each with its AdamW optimizer: eager PyTorch, ``torch.compile`` (induct
   per round, their median;
 - each graph's engine, and the times it was chosen by.
 
-    python benchmarks/engines.py [--cases bert_base,gpt2_small] [--batch 4] [--rounds 20]
+    python -m benchmarks training [--cases bert_base,gpt2_small] [--batch 4] [--rounds 20]
         (cases: bert_base, gpt2_small, resnet50 (timm, 224 px), vit_small (timm ViT-S/16))
         [--engines ort,pytorch,inductor]
 
-Writes benchmarks/engines.md (``--out``), replacing the section for its command.
+Writes benchmarks/results/training.md (``--out``), replacing the section for its command.
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import report  # noqa: E402
 
 CHILD = r"""
 import copy, gc, json, statistics, sys, time
@@ -120,17 +121,6 @@ def run_case(case: str, batch: int, rounds: int, engines: str, timeout: int) -> 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def machine() -> str:
-    import torch
-
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    import onnxruntime
-
-    return (f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, torch {torch.__version__}, "
-            f"onnxruntime {onnxruntime.__version__}")
-
-
 #: What one sample of each case is.
 SIZE = {"bert_base": "x 128", "gpt2_small": "x 128", "resnet50": "at 224 px", "vit_small": "at 224 px"}
 
@@ -155,18 +145,6 @@ def table(results: dict, batch: int) -> list[str]:
     return lines
 
 
-def write_section(path: str, marker: str, lines: list[str]) -> None:
-    old = open(path).read() if os.path.exists(path) else "# Engines: lort with inductor as its third engine\n"
-    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
-    block = "\n".join([start, *lines, end])
-    if start in old and end in old:
-        new = old[:old.index(start)] + block + old[old.index(end) + len(end):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(new)
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="bert_base,gpt2_small")
@@ -174,22 +152,22 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--engines", default="ort,pytorch,inductor")
     ap.add_argument("--timeout", type=int, default=5400)
-    ap.add_argument("--out", default=os.path.join(HERE, "engines.md"))
+    ap.add_argument("--out", default=report.result_path("training.md"))
     a = ap.parse_args(argv)
     results = {}
     for case in a.cases.split(","):
         results[case] = run_case(case, a.batch, a.rounds, a.engines, a.timeout)
         print(case, json.dumps(results[case]), flush=True)
-    command = " ".join(["python benchmarks/engines.py", *(argv if argv is not None else sys.argv[1:])])
-    lines = [f"## `{command}`", "",
-             f"Taken {datetime.date.today()} on {machine()}.", "", *table(results, a.batch), ""]
+    lines = [f"## `{report.command('training', argv)}`", "",
+             f"Taken {datetime.date.today()} on {report.machine()}.", "", *table(results, a.batch), ""]
     for case, r in results.items():
         for s in r["switches"]:
             trace = "-" if s["trace_s"] is None else f"{s['trace_s']:.1f} s"
             ready = "never (it failed)" if s["compile_s"] is None else f"{s['compile_s']:.1f} s after the capture"
             lines.append(f"- {case}: inductor's trace on the caller's thread {trace}; ready and timed {ready}; "
                          f"engine {s['engine']}")
-    write_section(a.out, f"engines {a.cases} {a.batch} {a.engines}", lines)
+    report.write_section(a.out, f"engines {a.cases} {a.batch} {a.engines}", lines,
+                         title="# Engines: lort with inductor as its third engine")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 
 For each model: lort with an empty disk cache (cold) and again with the cache that run
 filled (warm), and inductor likewise with its own cache directory. Each measurement is
-a fresh Python process. Prints a table and writes it as the ``cold-warm`` section of benchmarks/first_call.md.
+a fresh Python process. Prints a table and writes it as the ``cold-warm`` section of
+benchmarks/results/first_call.md.
 
-    python benchmarks/first_call.py [--models mlp,bert] [--scenarios infer1,train]
+    python -m benchmarks first-call [--models mlp,bert] [--scenarios infer1,train]
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import os
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
 
 CHILD = r"""
 import sys, time, torch
@@ -46,7 +50,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="mlp,cnn,transformer,bert,resnet18")
     ap.add_argument("--scenarios", default="infer1,train")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "first_call.md"))
+    ap.add_argument("--out", default=report.result_path("first_call.md"))
     a = ap.parse_args(argv)
     lines = [
         "| model | run | inductor cold s | inductor warm s | lort cold s | lort warm s | lort warm / cold | lort cold / inductor cold |",
@@ -64,14 +68,12 @@ def main(argv=None):
             line = f"| {name} | {scenario} | {ic:.2f} | {iw:.2f} | {lc:.2f} | {lw:.2f} | {lw / lc:.2f} | {lc / ic:.2f} |"
             lines.append(line)
             print(line, flush=True)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from scale import write_section  # the file's other sections (by hand, stages) stay
-
-    write_section(a.out, "cold-warm", [
-        f"Taken by `python benchmarks/first_call.py {' '.join(argv or sys.argv[1:])}`: each figure is one fresh "
+    # The file's other sections (readings by hand) stay.
+    report.write_section(a.out, "cold-warm", [
+        f"Taken {report.today()} by `{report.command('first-call', argv)}`: each figure is one fresh "
         "process's first call (capture + compile + first run), cold (empty cache directory) and warm (the "
-        "directory the cold run filled: lort's disk cache, inductor's own cache).", "", *lines,
-    ])
+        "directory the cold run filled: lort's disk cache, inductor's own cache).", report.machine_line(), "", *lines,
+    ], title="# First call in a new process")
     print(f"wrote {a.out}")
 
 

@@ -22,13 +22,14 @@ options={"freeze": "auto", "disk_cache": False, "progress": False})``), ``unfroz
 (the same with ``"freeze": False``), ``whole`` (``whole_ort.whole_ort_step(model, args,
 "cpu")``: the step made 20 times; or the reason it could not run). Weights: the bytes of
 the state dict, each storage counted once. Prints the table and writes it with the
-machine line to benchmarks/freeze_memory.md.
+machine line to benchmarks/results/frozen_memory.md.
 
-    python benchmarks/freeze_memory.py [--models mlp,resnet18] [--calls 20] [--out FILE] [--json FILE]
+    python -m benchmarks frozen-memory [--models mlp,resnet18] [--calls 20] [--out FILE] [--json FILE]
 
 ``--sizes cuda`` takes the models at issue 10's sizes (lort.testing.models.CUDA_CASES:
 BERT and GPT-2 6x768, Llama 4x1024, ResNet-50 and ViT-S/16 at 224 px), still on CPU,
-where the weights outweigh the libraries' fixed cost.
+where the weights outweigh the libraries' fixed cost; it writes
+benchmarks/results/frozen_memory_large.md.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -45,6 +45,8 @@ import time
 DEFAULT_MODELS = "mlp,cnn,bert,resnet18,resnet50,mobilenetv3,vit,gpt2,llama"
 VARIANTS = ["eager", "frozen", "unfrozen", "whole"]
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import report  # noqa: E402
 
 CHILD = r"""
 import ctypes, gc, json, sys, threading, time
@@ -204,13 +206,6 @@ def format_copies(name: str, r: dict) -> str:
     )
 
 
-def machine() -> str:
-    sys.path.insert(0, HERE)
-    from run import machine as run_machine  # imports torch, lort and onnxruntime
-
-    return run_machine()
-
-
 def notes(rows) -> list[str]:
     out = []
     for name, r in rows:
@@ -226,15 +221,15 @@ def geomeans(rows) -> list[str]:
         rs = [growth(r[a]) / growth(r[b]) for _, r in rows
               if ok(r[a]) and ok(r[b]) and growth(r[b]) >= MIN_DENOMINATOR and growth(r[a]) > 0]
         if rs:
-            out.append(f"- geomean (peak - baseline) {a} / {b}: {statistics.geometric_mean(rs):.2f} ({len(rs)} models)")
+            out.append(f"- geomean (peak - baseline) {a} / {b}: {report.geomean(rs):.2f} ({len(rs)} models)")
     return out
 
 
-def report(rows, mach, calls, elapsed, methods, sizes="cpu") -> str:
+def render(rows, mach, calls, elapsed, methods, sizes="cpu") -> str:
     lines = [
         "# Resident memory of inference with frozen weights (issue 13)",
         "",
-        f"Taken {datetime.date.today().isoformat()} by `python benchmarks/freeze_memory.py"
+        f"Taken {datetime.date.today().isoformat()} by `python -m benchmarks frozen-memory"
         f"{' --sizes cuda' if sizes == 'cuda' else ''}` ({elapsed:.0f} s in all,",
         "one process at a time).",
         f"Machine: {mach}.",
@@ -285,7 +280,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=DEFAULT_MODELS)
     ap.add_argument("--calls", type=int, default=20, help="calls per process (the first compiles)")
-    ap.add_argument("--out", help="default benchmarks/freeze_memory.md (freeze_memory_large.md with --sizes cuda)")
+    ap.add_argument("--out", help="default benchmarks/results/frozen_memory.md "
+                    "(frozen_memory_large.md with --sizes cuda)")
     ap.add_argument("--json", help="also write the raw figures (bytes) to this file")
     ap.add_argument("--from-json", help="measure nothing: write the report of the figures in this file "
                     "(a --json file of an earlier run; its header keeps that run's seconds)")
@@ -294,7 +290,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from lort.testing.models import CASES, CUDA_CASES
 
-    a.out = a.out or os.path.join(HERE, "freeze_memory_large.md" if a.sizes == "cuda" else "freeze_memory.md")
+    a.out = a.out or report.result_path("frozen_memory_large.md" if a.sizes == "cuda" else "frozen_memory.md")
     if a.sizes == "cuda":
         CASES = CUDA_CASES
         if a.models == DEFAULT_MODELS:
@@ -313,7 +309,7 @@ def main(argv=None) -> int:
         rows = [(name, r) for name, r in saved["rows"].items()]
         methods = {x["method"] for _, r in rows for x in r.values() if "method" in x}
     else:
-        mach = machine()
+        mach = report.machine()
         print(mach)
         print(HEADER, flush=True)
         rows, methods = [], set()
@@ -324,14 +320,13 @@ def main(argv=None) -> int:
             rows.append((name, r))
             print(format_row(name, r), flush=True)
         elapsed = time.perf_counter() - t0
-    text = report(rows, mach, a.calls, elapsed, methods, a.sizes)
+    text = render(rows, mach, a.calls, elapsed, methods, a.sizes)
     if os.path.exists(a.out):  # a hand-written reading of the figures stays below the marker
         with open(a.out) as f:
             old = f.read()
         if READING_MARKER in old:
             text += "\n" + old[old.index(READING_MARKER):]
-    with open(a.out, "w") as f:
-        f.write(text)
+    report.write_file(a.out, text)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(machine=mach, seconds=elapsed, calls=a.calls, rows=dict(rows)), f, indent=1)

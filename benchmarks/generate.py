@@ -26,9 +26,9 @@ median over rounds of eager's time / the backend's, the figure to read on a nois
 **ORT runs**: ORT session runs during one steady generate; **same tokens**: every
 generate's tokens equal eager's.
 
-    python benchmarks/generate.py [--cases gpt2_small,llama_small] [--backends eager,inductor,lort,ortmodule]
+    python -m benchmarks generation [--cases gpt2_small,llama_small] [--backends eager,inductor,lort,ortmodule]
 
-Writes the ``generate`` section of benchmarks/generate.md.
+Writes the ``generate`` section of benchmarks/results/generation.md.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from scale import machine, run_child, write_section  # noqa: E402
+import report  # noqa: E402
+from scale import run_child  # noqa: E402
 
 BACKENDS = ["eager", "inductor", "lort", "ortmodule"]
 CASES = ["gpt2_small", "llama_small"]
@@ -145,7 +146,7 @@ def main(argv=None) -> None:
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--out", default=os.path.join(HERE, "generate.md"))
+    ap.add_argument("--out", default=report.result_path("generation.md"))
     a = ap.parse_args(argv)
     results: dict = {}
     for case in a.cases.split(","):
@@ -153,8 +154,8 @@ def main(argv=None) -> None:
             r = run_child(CHILD, case, b, str(a.repeats), str(a.new_tokens))
             print(case, b, r, flush=True)
             results.setdefault(case, {})[b] = r
-    stamp = f"Taken {datetime.date.today()} by `python benchmarks/generate.py {' '.join(argv or sys.argv[1:])}`."
-    write_section(a.out, "generate", [stamp, machine(), "", *table(results)])
+    stamp = f"Taken {datetime.date.today()} by `{report.command('generation', argv)}`."
+    report.write_section(a.out, "generate", [stamp, report.machine_line(), "", *table(results)])
 
 
 if __name__ == "__main__":

@@ -36,9 +36,9 @@
 #
 # Each call must follow the last within the machine's warm time (30 s idle) or the machine is
 # a fresh one: /tmp/site is gone and the pieces must be sent again ("install" says so).
-# Everything a step produces lands in $OUT (logs, test_cuda.xml, results_cuda.md/json,
-# cuda_memory.md/json), which the run tool brings back; copy results_cuda.md and
-# cuda_memory.md into benchmarks/ and commit them only from such a real run.
+# Everything a step produces lands in $OUT (logs, test_cuda.xml, cuda.md/json,
+# cuda_memory.md/json), which the run tool brings back; copy cuda.md and cuda_memory.md
+# into benchmarks/results/ and commit them only from such a real run.
 # Benchmark rows accumulate across calls in $ROWS (default .gpu/bench, kept on the machine
 # between calls): if the machine was lost between bench calls, put the returned *.json into
 # .gpu/bench here and add ".gpu/bench" to the next call's carry.
@@ -51,10 +51,10 @@
 #   info      nvidia-smi and versions
 #   tests     pytest tests/test_cuda.py (WORKERS parallel processes, default 8; PYTEST_ARGS
 #             added, e.g. PYTEST_ARGS='-k tf32'); TESTS_TIMEOUT seconds (default 500)
-#   bench     benchmarks/run.py --device cuda for MODELS (default all five) and SCENARIOS
+#   bench     python -m benchmarks cuda (benchmarks/run.py --device cuda) for MODELS (default all five) and SCENARIOS
 #             (default infer1,infer32,train32), with --profile unless PROFILE=0 (where each step's
 #             GPU time goes, for the note on cases slower than inductor); BENCH_TIMEOUT seconds (540)
-#   memory    benchmarks/cuda_memory.py for MODELS with BACKENDS (default eager,lort),
+#   memory    python -m benchmarks cuda-memory (benchmarks/cuda_memory.py) for MODELS with BACKENDS (default eager,lort),
 #             LORT_OPTIONS (JSON) for lort; MEMORY_TIMEOUT seconds (default 540)
 #   diagnose  benchmarks/cuda_diagnose.py: the failures the last GPU run left open
 #             (DIAGNOSE_TIMEOUT seconds each, default 240)
@@ -153,11 +153,11 @@ step_tests() {
 step_bench() {
   need_site
   mkdir -p "$ROWS"
-  timeout -s INT "${BENCH_TIMEOUT:-540}" python3 benchmarks/run.py --device cuda \
+  timeout -s INT "${BENCH_TIMEOUT:-540}" python3 -m benchmarks cuda \
     ${MODELS:+--models "$MODELS"} ${SCENARIOS:+--scenarios "$SCENARIOS"} $([ "${PROFILE:-1}" = 0 ] || echo --profile) \
-    --json "$ROWS/results_cuda.json" --out "$ROWS/results_cuda.md" 2>&1 | tee -a "$OUT/bench.log"
+    --json "$ROWS/cuda.json" --out "$ROWS/cuda.md" 2>&1 | tee -a "$OUT/bench.log"
   echo "benchmark exit status ${PIPESTATUS[0]} (124: stopped by BENCH_TIMEOUT; rows measured so far are kept)"
-  cp "$ROWS"/results_cuda.* "$OUT/" 2>/dev/null || true
+  cp "$ROWS"/cuda.json "$ROWS"/cuda.md "$OUT/" 2>/dev/null || true
 }
 
 step_diagnose() {
@@ -177,7 +177,7 @@ step_memory() {
   need_site
   mkdir -p "$ROWS"
   local opts=${LORT_OPTIONS:-"{}"}
-  timeout -s INT "${MEMORY_TIMEOUT:-540}" python3 benchmarks/cuda_memory.py \
+  timeout -s INT "${MEMORY_TIMEOUT:-540}" python3 -m benchmarks cuda-memory \
     ${MODELS:+--models "$MODELS"} --backends "${BACKENDS:-eager,lort}" --lort-options "$opts" \
     --json "$ROWS/cuda_memory.json" --out "$ROWS/cuda_memory.md" 2>&1 | tee -a "$OUT/memory.log"
   echo "memory benchmark exit status ${PIPESTATUS[0]} (124: stopped by MEMORY_TIMEOUT; finished models are kept)"

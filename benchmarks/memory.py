@@ -13,9 +13,9 @@ output.float().pow(2).mean(), optimizer step, zero_grad). Reported, in MiB:
 The peak is read from VmHWM after resetting it (writing "5" to /proc/self/clear_refs);
 where that reset is not allowed, a background thread samples VmRSS every 1 ms instead.
 lort runs with LORT_DISK_CACHE=0 so that no cached graph changes the figure. Prints a
-table and writes it with the machine line to benchmarks/memory.md.
+table and writes it with the machine line to benchmarks/results/memory.md.
 
-    python benchmarks/memory.py [--models mlp,bert] [--steps 20] [--sample] [--out FILE]
+    python -m benchmarks memory [--models mlp,bert] [--steps 20] [--sample] [--out FILE]
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
 
 DEFAULT_MODELS = "mlp,cnn,transformer,bert,resnet18,gpt2,llama,mobilenetv3,vit,resnet50"
 BACKENDS = ["eager", "inductor", "lort"]
@@ -113,7 +115,7 @@ def measure(name, backend, steps, steady_from, sample=False):
 
 
 def mib(b):
-    return b / 2**20
+    return b / report.MIB
 
 
 #: Ratios against less than this growth (bytes) are noise, shown as "-".
@@ -141,21 +143,13 @@ def format_row(name, r):
     )
 
 
-def machine():
-    # benchmarks/run.py's machine line (it imports torch, lort and onnxruntime).
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from run import machine as run_machine
-
-    return run_machine()
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=DEFAULT_MODELS)
     ap.add_argument("--steps", type=int, default=20, help="training steps per process")
     ap.add_argument("--steady-from", type=int, default=6, help="first step of the steady window (1-based)")
     ap.add_argument("--sample", action="store_true", help="sample VmRSS every 1 ms instead of resetting VmHWM")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "memory.md"))
+    ap.add_argument("--out", default=report.result_path("memory.md"))
     a = ap.parse_args(argv)
     from lort.testing.models import CASES
 
@@ -165,7 +159,7 @@ def main(argv=None):
             ap.error(f"unknown model {m!r}; choose from {list(CASES)}")
     if not 1 < a.steady_from <= a.steps:
         ap.error("--steady-from must lie in 2..--steps")
-    mach = machine()
+    mach = report.machine()
     print(mach)
     print(HEADER, flush=True)
     rows, methods = [], set()
@@ -180,7 +174,7 @@ def main(argv=None):
     lines = [
         "# Peak memory of training steps",
         "",
-        f"Taken {datetime.date.today().isoformat()} by `python benchmarks/memory.py` ({elapsed:.0f} s in all).",
+        f"Taken {datetime.date.today().isoformat()} by `{report.command('memory', argv)}` ({elapsed:.0f} s in all).",
         f"Machine: {mach}.",
         "",
         f"What is measured: the growth of the process's peak resident memory (RSS) over {n} training steps",
@@ -209,10 +203,8 @@ def main(argv=None):
         for other in ("eager", "inductor"):
             rs = [r["lort"][key] / r[other][key] for _, r in rows if r[other][key] >= MIN_DENOMINATOR and r["lort"][key] > 0]
             if rs:
-                lines.append(f"- {key}: geomean lort / {other} {statistics.geometric_mean(rs):.2f}")
-    text = "\n".join(lines) + "\n"
-    with open(a.out, "w") as f:
-        f.write(text)
+                lines.append(f"- {key}: geomean lort / {other} {report.geomean(rs):.2f}")
+    report.write_file(a.out, "\n".join(lines) + "\n")
     print("\n".join(l for l in lines if l.startswith("- peak:") or l.startswith("- steady:")))
     print(f"{elapsed:.0f} s; wrote {a.out}")
 

@@ -1,4 +1,5 @@
-"""The lort.ORTModule column of benchmarks/run.py's inference rows (issue 13).
+"""The lort.ORTModule column of benchmarks/run.py's inference rows (``python -m benchmarks
+speed``, issue 13).
 
 ``lort.ORTModule(model)`` called under no_grad takes its direct inference path
 (Options.direct_inference: torch.export capture, no Dynamo per call), while the "lort"
@@ -9,11 +10,11 @@ call. Both compile the same ATen graph with frozen weights.
 from __future__ import annotations
 
 import copy
-import statistics
 
 import torch
 
 import lort
+from report import geomean
 from timing import first_call_seconds
 
 #: run.py's name for it, in a row's times.
@@ -62,11 +63,11 @@ def module_summary(sel, whole: str) -> str:
     ran = [r for r in sel if MODULE in r["times"]]
     if not ran:
         return ""
-    g = lambda key: statistics.geometric_mean([r["times"][key] / r["times"][MODULE] for r in ran])  # noqa: E731
+    g = lambda key: geomean([r["times"][key] / r["times"][MODULE] for r in ran])  # noqa: E731
     with_whole = [r for r in ran if whole in r["times"]]
     text = f"; lort.ORTModule: {g('eager'):.2f}x over eager, {g('inductor'):.2f}x over inductor"
     if with_whole:
-        gw = statistics.geometric_mean([r["times"][whole] / r["times"][MODULE] for r in with_whole])
+        gw = geomean([r["times"][whole] / r["times"][MODULE] for r in with_whole])
         text += f", {gw:.2f}x over whole-model ORT ({len(with_whole)} models)"
     return text
 

@@ -3,22 +3,24 @@
 For each model: batch-1 inference latency, batch-8 inference latency and a training
 step (forward + backward), the median of repeated timings, and the first call (capture
 + compile). Prints a ratio table (speed-up over eager: eager time / time) and writes it
-with the machine and versions to benchmarks/results.md. Inference rows also time the
+with the machine and versions to benchmarks/results/speed.md. Inference rows also time the
 same model exported whole to ORT (benchmarks/whole_ort.py: weights as initializers, one
 session at ORT_ENABLE_ALL), with lort's speed-up over it, or why it could not run.
 
-    python benchmarks/run.py [--models bert,resnet18] [--scenarios infer1,infer8,train] [--out FILE]
+    python -m benchmarks speed [--models bert,resnet18] [--scenarios infer1,infer8,train] [--out FILE]
 
 With ``--device cuda``: the models at issue 10's sizes (lort.testing.models.CUDA_CASES:
 BERT-6L/768, GPT-2-6L/768, Llama-4L/1024 with GQA, all on 128 tokens, ResNet-50 and
 ViT-S/16 at 224 px), inference at batch 1 and 32 and a training step at batch 32, each
 sample timed with torch.cuda.synchronize() before and after its calls; written to
-benchmarks/results_cuda.md with the device, driver and versions. ``--json FILE`` keeps
+benchmarks/results/cuda.md with the device, driver and versions. ``--json FILE`` keeps
 the rows in FILE and adds those of earlier runs on the same device to the table (a GPU
 machine's command time is limited: run a few models per call). benchmarks/gpu_run.sh
 runs it on a GPU machine.
 
-    python benchmarks/run.py --device cuda [--models bert,gpt2] [--json rows.json]
+    python -m benchmarks cuda [--models bert,gpt2] [--json rows.json]
+
+(``python -m benchmarks cuda`` runs this script with ``--device cuda``.)
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ import copy
 import datetime
 import gc
 import os
-import platform
-import statistics
 import sys
 
 import torch
@@ -38,16 +38,15 @@ from lort.testing.models import CASES, CUDA_CASES, make_torchvision_importable, 
 
 make_torchvision_importable()
 
-import onnxruntime  # noqa: E402
-import onnxscript  # noqa: E402
-
 import lort  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cuda_common  # noqa: E402
+import report  # noqa: E402
 import timing  # noqa: E402
 from module_column import HEADER_CELLS, HEADER_RULE, MODULE, add_module_step, module_cells, module_summary, module_where  # noqa: E402,E501
-from timing import first_call_seconds, grad_mode, timed_interleaved  # noqa: E402,F401 - timed_interleaved: other scripts import it from here
+from report import geomean, machine  # noqa: E402
+from timing import first_call_seconds, grad_mode, timed_interleaved  # noqa: E402
 from whole_ort import WHOLE, WHOLE_TEXT, whole_cells, whole_notes, whole_ort_step, whole_summary  # noqa: E402
 
 SCENARIOS = {"infer1": ("inference", 1), "infer8": ("inference", 8), "train": ("train", 8)}
@@ -240,23 +239,11 @@ HEADER = (
 )
 
 
-def geomean(xs):
-    return statistics.geometric_mean(xs) if xs else float("nan")
-
-
-def machine():
-    return (
-        f"{cuda_common.host()}, torch threads {torch.get_num_threads()}; "
-        f"Python {platform.python_version()}, torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, "
-        f"onnxscript {onnxscript.__version__}, lort {lort.__version__}"
-    )
-
-
 def cuda_report(rows: list, runs: int) -> str:
     lines = [
         "# lort benchmark results on CUDA",
         "",
-        f"Taken {datetime.date.today().isoformat()} by `python benchmarks/run.py --device cuda` (eager, inductor and",
+        f"Taken {datetime.date.today().isoformat()} by `python -m benchmarks cuda` (eager, inductor and",
         "lort side by side in one process" + (f"; rows of {runs} runs on this device merged with --json)." if runs > 1 else ")."),
         f"Device: {cuda_common.machine()}.",
         f"Numerics: float32; {cuda_common.tf32_line()} (PyTorch's defaults unless changed).",
@@ -325,7 +312,7 @@ def main_cuda(ap, a) -> None:
     for s in scenarios:
         if s not in CUDA_SCENARIOS:
             ap.error(f"unknown scenario {s!r} for --device cuda; choose from {list(CUDA_SCENARIOS)}")
-    out = a.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_cuda.md")
+    out = a.out or report.result_path("cuda.md")
     rows = cuda_common.Rows(a.json, cuda_common.device_name(), key=("model", "scenario"))
     order = {"model": list(CUDA_CASES), "scenario": list(CUDA_SCENARIOS)}
     print(cuda_common.machine())
@@ -334,8 +321,8 @@ def main_cuda(ap, a) -> None:
 
     def save(row):
         rows.add(row)
-        with open(out, "w") as f:  # after each row: a run cut short keeps what it measured
-            f.write(cuda_report(rows.all(order), rows.runs))
+        # after each row: a run cut short keeps what it measured
+        report.write_file(out, cuda_report(rows.all(order), rows.runs))
 
     run_cuda(models, scenarios, a.min_time, save, profile=a.profile)
     if rows.new:
@@ -350,7 +337,7 @@ def main(argv=None):
     ap.add_argument("--scenarios", default=None,
                     help=f"default: all ({','.join(SCENARIOS)}; on cuda {','.join(CUDA_SCENARIOS)})")
     ap.add_argument("--min-time", type=float, default=1.0, help="seconds of timed calls per measurement")
-    ap.add_argument("--out", default=None, help="default: benchmarks/results.md (cuda: results_cuda.md)")
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/speed.md (cuda: benchmarks/results/cuda.md)")
     ap.add_argument("--json", default=None, help="cuda: keep rows in this file and merge earlier runs' rows")
     ap.add_argument("--profile", action="store_true", help="cuda: also profile where each step's GPU time goes")
     ap.add_argument("--no-grad-per-call", action="store_true",
@@ -363,7 +350,7 @@ def main(argv=None):
         ap.error("--json is for --device cuda")
     a.models = a.models or ",".join(CASES)
     a.scenarios = a.scenarios or ",".join(SCENARIOS)
-    a.out = a.out or os.path.join(os.path.dirname(__file__), "results.md")
+    a.out = a.out or report.result_path("speed.md")
     models = [m for m in a.models.split(",") if m]
     scenarios = [s for s in a.scenarios.split(",") if s]
     for m in models:
@@ -378,7 +365,7 @@ def main(argv=None):
     lines = [
         "# lort benchmark results",
         "",
-        f"Taken {datetime.date.today().isoformat()} by `python benchmarks/run.py` (all backends side by side in one process).",
+        f"Taken {datetime.date.today().isoformat()} by `{report.command('speed', argv)}` (all backends side by side in one process).",
         f"Machine: {machine()}.",
         "",
         "Times are the median of 11 samples per backend, taken round-robin across the backends",
@@ -389,7 +376,7 @@ def main(argv=None):
            else "entered once around each measurement, not per call (the whole-model ORT step has none);"),
         "train: forward + backward at batch 8.",
         "First call: capture + compile + first run, in seconds, in this process, each backend with its on-disk",
-        "cache as this machine had it (inductor's is often warm from earlier runs); benchmarks/first_call.py",
+        "cache as this machine had it (inductor's is often warm from earlier runs); `python -m benchmarks first-call`",
         "compares cold and warm first calls in fresh processes.",
         *WHOLE_TEXT,
         "",
@@ -405,9 +392,7 @@ def main(argv=None):
             gi = geomean([r["times"]["inductor"] / r["times"]["lort"] for r in sel])
             lines.append(f"- {s}: geomean lort speed-up {ge:.2f}x over eager, {gi:.2f}x over inductor{whole_summary(sel)}"
                          f"{module_summary(sel, WHOLE)}")
-    text = "\n".join(lines) + "\n"
-    with open(a.out, "w") as f:
-        f.write(text)
+    report.write_file(a.out, "\n".join(lines) + "\n", keep_sections=True)
     print("\n".join(lines[-len(scenarios):]))
     print(f"wrote {a.out}")
 

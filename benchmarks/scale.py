@@ -28,10 +28,10 @@ each up, then alternates their steps (the order flipped every round) and reports
 one's median step and the median over rounds of eager's step / the backend's (above 1:
 faster than eager). ``eager-copy`` is a second eager copy: its row reads the noise.
 
-    python benchmarks/scale.py [--cases bert_base:infer,bert_base:train,bert_base:fwdbwd,...] [--backends eager,inductor,lort,ortmodule]
-    python benchmarks/scale.py --speed [--cases bert_base,gpt2_small] [--backends eager-copy,lort,ortmodule] [--rounds 30]
+    python -m benchmarks scale [--cases bert_base:infer,bert_base:train,bert_base:fwdbwd,...] [--backends eager,inductor,lort,ortmodule]
+    python -m benchmarks scale --speed [--cases bert_base,gpt2_small] [--backends eager-copy,lort,ortmodule] [--rounds 30]
 
-Writes benchmarks/scale.md (``--out``), replacing the section it writes.
+Writes benchmarks/results/scale.md (``--out``), replacing the section it writes.
 """
 
 from __future__ import annotations
@@ -40,13 +40,14 @@ import argparse
 import datetime
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import report  # noqa: E402
+from report import write_section  # noqa: E402
 BACKENDS = ["eager", "inductor", "lort", "ortmodule"]
 CASES = ["bert_base:infer", "bert_base:train", "gpt2_small:train", "llama_2gb:infer"]
 
@@ -224,29 +225,6 @@ def speed_table(results: dict) -> list[str]:
     return lines
 
 
-def machine() -> str:
-    import onnxruntime
-    import torch
-
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    return (f"Machine: {cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}; Python "
-            f"{platform.python_version()}, torch {torch.__version__}, onnxruntime {onnxruntime.__version__}.")
-
-
-def write_section(path: str, marker: str, lines: list[str]) -> None:
-    """Replace the section between ``<!-- marker -->`` and ``<!-- /marker -->`` in ``path``
-    (appended if missing)."""
-    begin, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
-    text = open(path).read() if os.path.exists(path) else ""
-    block = "\n".join([begin, *lines, end])
-    if begin in text and end in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
-    with open(path, "w") as f:
-        f.write(text)
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=None)
@@ -254,10 +232,10 @@ def main(argv=None) -> None:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--speed", action="store_true")
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--out", default=os.path.join(HERE, "scale.md"))
+    ap.add_argument("--out", default=report.result_path("scale.md"))
     a = ap.parse_args(argv)
     backends = a.backends.split(",")
-    stamp = f"Taken {datetime.date.today()} by `python benchmarks/scale.py {' '.join(argv or sys.argv[1:])}`."
+    stamp = f"Taken {datetime.date.today()} by `{report.command('scale', argv)}`."
     if a.speed:
         cases = (a.cases or "bert_base,gpt2_small").split(",")
         results = {}
@@ -267,7 +245,7 @@ def main(argv=None) -> None:
                     continue
                 results[(case, b)] = run_child(SPEED_CHILD, case, str(a.rounds), b)
                 print(case, b, results[(case, b)], flush=True)
-        lines = [stamp, machine(), "", *speed_table(results)]
+        lines = [stamp, report.machine_line(), "", *speed_table(results)]
         print("\n".join(lines))
         write_section(a.out, "scale:speed", lines)
         return
@@ -279,7 +257,7 @@ def main(argv=None) -> None:
             r = run_child(MEMORY_CHILD, case, task, b, str(a.calls))
             results[f"{case} {task}"][b] = r
             print(spec, b, r, flush=True)
-    lines = [stamp, machine(), "", *memory_table(results)]
+    lines = [stamp, report.machine_line(), "", *memory_table(results)]
     print("\n".join(lines))
     write_section(a.out, "scale:memory", lines)
 

@@ -16,7 +16,7 @@ def _no_sync():
 
 #: Inference steps enter torch.no_grad() on each call (``--no-grad-per-call``); by default
 #: run() measures an inference scenario under one no_grad, as a serving loop that enters
-#: it once: its cost per call (benchmarks/results.md) is the caller's, the same for every
+#: it once: its cost per call (benchmarks/results/speed.md) is the caller's, the same for every
 #: torch backend, and the whole-model ORT step has none.
 PER_CALL_NO_GRAD = False
 

@@ -26,7 +26,6 @@ import contextlib
 import io
 import logging
 import re
-import statistics
 import tempfile
 from typing import Callable
 
@@ -36,6 +35,7 @@ import torch
 
 from lort.runtime import cuda
 from lort.testing.models import output_tensor
+from report import geomean
 
 _ELEMENT_TYPES = {
     torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, torch.int32: 6, torch.int64: 7,
@@ -210,7 +210,7 @@ def whole_summary(sel) -> str:
     ran = [r for r in inference if WHOLE in r["times"]]
     if not ran:
         return f", whole-model ORT: none of {len(inference)} models export whole"
-    gw = statistics.geometric_mean([r["times"][WHOLE] / r["times"]["lort"] for r in ran])
+    gw = geomean([r["times"][WHOLE] / r["times"]["lort"] for r in ran])
     return f", {gw:.2f}x over whole-model ORT ({len(ran)} of {len(inference)} models export whole)"
 
 

@@ -590,7 +590,7 @@ def test_whole_graph_choice_is_kept_in_the_disk_cache(tmp_path):
 
 def test_ort_threads_spin_only_when_asked():
     """Spinning threads steal the cores of the PyTorch code that follows (measured in
-    benchmarks/threads.md): off unless allow_spinning=True."""
+    benchmarks/studies/threads.md): off unless allow_spinning=True."""
     x, w = inputs()
     spins = {}
     for opt in (None, True):
@@ -608,7 +608,7 @@ def test_ort_threads_spin_only_when_asked():
 @pytest.mark.parametrize("share", [True, False])
 def test_sessions_share_one_cpu_arena_unless_asked_not_to(share):
     """share_cpu_arena (default True): every session allocates from one ORT arena in the
-    process (benchmarks/memory.md measures the peak it saves); results stay eager's."""
+    process (benchmarks/results/memory.md measures the peak it saves); results stay eager's."""
     x, w = inputs()
     backend = LortBackend({"share_cpu_arena": share})
     with torch.no_grad():

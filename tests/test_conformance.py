@@ -5,7 +5,7 @@ samples (outputs and input gradients) and must come out ``right``: ``fell back``
 warned that a group runs in PyTorch after failing in ORT), ``wrong`` and ``crash`` fail.
 The sample holds every op issue 11 found wrong or crashing, plus a spread of common ops
 and dtypes. Expected failures come from ``conformance.XFAILS`` (strict). The full sweep
-is ``make conformance`` (benchmarks/conformance.md).
+is ``make conformance`` (benchmarks/results/conformance.md).
 """
 
 from __future__ import annotations

@@ -338,7 +338,7 @@ def test_model_dropped_while_its_last_run_is_queued():
 def test_one_cuda_arena_per_device_matches_eager(name, float32_precision):
     """share_cuda_arena=True, every session of the device allocating from one arena
     registered in ORT's environment (it took BERT's training peak from 9,180 to 5,616 MiB
-    on an H200, benchmarks/cuda_memory.md; not the default until this has run there):
+    on an H200, benchmarks/results/cuda_memory.md; not the default until this has run there):
     two forward and backward passes, each against eager and float64, every group in ORT."""
     from lort.runtime import memory
 
@@ -408,7 +408,7 @@ def test_tf32_follows_cudnn_flag_on_convolutions(tf32_flags):
     feature map, where eager's cuDNN convolutions moved by more than FP32_RTOL: ORT chooses
     its own cuDNN algorithms (an exhaustive search by default), and whether the one it
     picks uses tensor cores is ORT's and cuDNN's choice, not lort's
-    (benchmarks/results_cuda.md)."""
+    (benchmarks/results/cuda.md)."""
     model, args = make("resnet18", seed=8, device=DEVICE)
     model.eval()
     ref_model = copy.deepcopy(model).double()

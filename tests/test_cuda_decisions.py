@@ -1,7 +1,7 @@
 """What lort decides for CUDA before any GPU runs, checked on CPU: which TF32 flags a
 group's sessions follow, which dtypes ONNX's schemas refuse, and how ORT's kernel
 registry is read where onnxruntime-gpu is installed. Each was found wrong by
-tests/test_cuda.py on an H200 (benchmarks/results_cuda.md); the GPU-side checks stay in
+tests/test_cuda.py on an H200 (benchmarks/results/cuda.md); the GPU-side checks stay in
 tests/test_cuda.py."""
 
 from __future__ import annotations

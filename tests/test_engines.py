@@ -286,7 +286,7 @@ def test_inductor_compiles_a_convolutional_model_in_its_subprocess():
     """Inductor's layout optimization made the forward save channels-last tensors, while
     its backward, sent to the subprocess before the forward's code existed, expected
     dense ones: every call of a model with convolutions failed inductor's stride check,
-    so executor="auto" never timed inductor on ResNet-50 or ViT (benchmarks/engines.md).
+    so executor="auto" never timed inductor on ResNet-50 or ViT (benchmarks/results/training.md).
     A ViT-style patch embedding and a convolution stack: forward and backward against
     eager."""
     torch.manual_seed(0)

@@ -208,7 +208,7 @@ def test_fusions_across_layer_cuts_fire_as_in_the_whole_group(monkeypatch):
 
 def test_cpu_groups_get_no_skip_norm_fusions():
     """ORT's CPU SkipLayerNormalization and SkipSimplifiedLayerNormalization kernels run
-    slower than the Add and norm they fuse (benchmarks/skip_norm.md): CPU groups keep
+    slower than the Add and norm they fuse (benchmarks/studies/skip_norm.md): CPU groups keep
     Add + LayerNormalization (GPT-2) and Add + SimplifiedLayerNormalization (Llama's RMS
     norm), within and across layer cuts, and match eager."""
     models = []

@@ -1,0 +1,81 @@
+"""The benchmark suite's layout (benchmarks/__main__.py): ``python -m benchmarks --list``
+names every suite, each suite's script and results files exist, and every study script
+in benchmarks/studies/ has its entry in benchmarks/studies/README.md. Runs nothing heavy."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+#: The suites users run (issue 44): the entry point must keep offering each.
+EXPECTED = {"speed", "training", "scale", "first-call", "generation", "engine-limit", "memory", "frozen-memory",
+            "conformance", "cuda", "cuda-memory", "charts"}
+
+
+def _entry_point():
+    spec = importlib.util.spec_from_file_location("benchmarks_main", BENCH / "__main__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_list_names_every_suite():
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "--list"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    listed = {line.split()[0] for line in out.stdout.splitlines() if line.startswith("  ") and line.split()
+              and not line.strip().startswith("script:")}
+    assert EXPECTED <= listed, EXPECTED - listed
+    for suite in _entry_point().SUITES:
+        assert suite.name in listed
+        for path in suite.results:
+            assert f"benchmarks/{path}" in out.stdout
+
+
+def test_unknown_suite_fails():
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "no-such-suite"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2
+    assert "unknown suite" in out.stderr
+
+
+def test_each_suite_has_its_script_and_results():
+    suites = _entry_point().SUITES
+    assert {s.name for s in suites} == EXPECTED
+    for s in suites:
+        assert (BENCH / s.script).is_file(), f"{s.name}: benchmarks/{s.script} is missing"
+        assert s.results, f"{s.name} names no results file"
+        for path in s.results:
+            assert path.startswith("results/"), path
+            assert (BENCH / path).is_file(), f"{s.name}: benchmarks/{path} is missing"
+
+
+def test_results_files_say_what_produced_them():
+    """Each results table's file names the command that produced it."""
+    for s in _entry_point().SUITES:
+        for path in s.results:
+            if path.endswith(".md"):
+                text = (BENCH / path).read_text()
+                assert "python -m benchmarks" in text or "make " in text, path
+
+
+def test_every_study_is_in_the_studies_readme():
+    readme = (BENCH / "studies" / "README.md").read_text()
+    scripts = sorted(p.name for p in (BENCH / "studies").glob("*.py"))
+    assert scripts, "no study scripts found"
+    missing = [name for name in scripts if f"benchmarks/studies/{name}" not in readme]
+    assert not missing, f"studies without an entry (and command) in benchmarks/studies/README.md: {missing}"
+    # Each linked .md exists beside it.
+    for md in sorted(p.name for p in (BENCH / "studies").glob("*.md")):
+        if md != "README.md":
+            assert f"({md})" in readme, f"benchmarks/studies/{md} is not linked from its README"
+
+
+def test_no_results_or_study_file_left_at_the_top():
+    """Results live in benchmarks/results/, studies in benchmarks/studies/: only suites'
+    scripts and shared modules stay in benchmarks/ itself."""
+    assert not sorted(p.name for p in BENCH.glob("*.md"))
