@@ -1,5 +1,5 @@
-"""Makes docs/explain.png, the README's picture of ``ExplainReport.save_html``: one
-training step of a ResNet-18 (timm, random weights, batch 8 of 64x64 images) through
+"""Makes docs/explain.png, the picture of ``ExplainReport.save_html`` on the documentation
+site's explain page (docs/explain.md): one training step of a ResNet-18 (timm, random weights, batch 8 of 64x64 images) through
 lort with executor="ort" (every group in ORT, so the picture shows the partition;
 executor="auto" may run a whole graph eagerly, drawn as one grey box), rendered by
 headless Chromium (Debian: apt-get install chromium) and reduced to a 256-colour PNG.

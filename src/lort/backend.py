@@ -49,6 +49,8 @@ class LortBackend:
         self._count = 0
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        """Compile one Dynamo graph (torch.compile's backend protocol): returns the callable
+        Dynamo runs in its place, forward and backward through lort."""
         entries = autograd_function.entries_in(gm)
         timed = self._times_whole_graph(example_inputs, entries)
         cache = disk_cache.for_options(self.options) if timed else None

@@ -87,116 +87,144 @@ def _provider_entry(p: Any) -> "str | tuple | None":
 class Options:
     """How lort compiles and runs a model.
 
-    Pass as ``torch.compile(model, backend="lort", options={...})`` or ``Options(...)``.
+    Pass as ``torch.compile(model, backend="lort", options={...})`` or ``Options(...)``
+    (``lort.ORTModule(model, options=...)`` takes the same). Frozen: change a copy with
+    ``dataclasses.replace``. An unknown key raises ``TypeError`` listing the valid ones;
+    a bad value raises ``ValueError``. Each field below gives its accepted values, its
+    default and, where one exists, the environment variable that sets the default.
     """
 
-    #: "ort" runs fusion groups in ONNX Runtime; "pytorch" runs them in PyTorch (for
-    #: bisecting); "debug" runs both and compares each group's outputs. Env LORT_RUN_TYPE.
+    #: Run mode. ``"ort"`` runs fusion groups in ONNX Runtime; ``"pytorch"`` runs them in
+    #: PyTorch (for bisecting); ``"debug"`` runs both and compares each group's outputs,
+    #: raising ``lort.MismatchError`` beyond ``rtol``/``atol``. One of ``"ort"``,
+    #: ``"pytorch"``, ``"debug"``; default ``"ort"``, env ``LORT_RUN_TYPE``.
     mode: str = dataclasses.field(default_factory=lambda: _env_str(ENV_RUN_TYPE, "ort"))
-    #: Relative tolerance of debug mode. Env LORT_RELATIVE_TOLERANCE.
+    #: Relative tolerance of debug mode: a number >= 0; default ``1e-4``, env
+    #: ``LORT_RELATIVE_TOLERANCE``.
     rtol: float = dataclasses.field(default_factory=lambda: _env_float(ENV_RTOL, 1e-4))
-    #: Absolute tolerance of debug mode. Env LORT_ABSOLUTE_TOLERANCE.
+    #: Absolute tolerance of debug mode: a number >= 0; default ``1e-5``, env
+    #: ``LORT_ABSOLUTE_TOLERANCE``.
     atol: float = dataclasses.field(default_factory=lambda: _env_float(ENV_ATOL, 1e-5))
-    #: What to do when a group fails to translate or to build a session: "warn" runs it
-    #: in PyTorch with one warning, "raise" raises. Env LORT_FALLBACK_POLICY.
+    #: When a group fails to translate or to build a session (or ORT fails to run it),
+    #: ``"warn"`` runs it in PyTorch with one warning and ``"raise"`` raises. One of
+    #: ``"warn"``, ``"raise"``; default ``"warn"``, env ``LORT_FALLBACK_POLICY``.
     fallback: str = dataclasses.field(default_factory=lambda: _env_str(ENV_FALLBACK, "warn"))
-    #: ORT execution providers, overriding the choice made from the tensors' device.
+    #: ORT execution providers, overriding the choice made from the tensors' device (CPU
+    #: for CPU tensors; CUDA, then CPU, for CUDA tensors). A list of provider names or
+    #: ``(name, options dict)`` pairs; default ``None`` (chosen from the device).
     providers: tuple | None = None
-    #: The most inputs plus outputs a fusion group may have (seed: subgraph_arg_limit).
+    #: The most inputs plus outputs a fusion group may have (frozen weights do not
+    #: count; the seed's subgraph_arg_limit). An int >= 2; default ``128``.
     max_group_args: int = 128
-    #: ORT graph optimization level of each session.
+    #: ORT graph optimization level of each session. One of ``"disable"``, ``"basic"``,
+    #: ``"extended"``, ``"all"``; default ``"all"``.
     graph_optimization_level: str = "all"
-    #: ORT intra-op threads. None chooses per group between torch.get_num_threads() and
-    #: 1 by timing both at compile time (small groups run faster on one thread).
+    #: ORT intra-op threads. ``None`` (the default) chooses per group between
+    #: ``torch.get_num_threads()`` and 1 by timing both at compile time (small groups run
+    #: faster on one thread); an int >= 1 fixes the count for every group.
     intra_op_num_threads: int | None = None
-    #: Where groups run. "auto": each group is timed at compile time in ORT and in
+    #: Where groups run. With ``"auto"`` each group is timed at compile time in ORT and in
     #: PyTorch on inputs of its real shapes, and runs in PyTorch when that is faster by
     #: the tuner's margin (compile/tuner.py; explain reports the times); then, on its first call on CPU, the whole
     #: compiled graph (forward and backward) is timed against eager PyTorch running the
-    #: Dynamo graph, and the graph runs in eager PyTorch when that is faster. "ort":
-    #: every group in ORT, no timing. Debug mode always runs ORT. Env LORT_EXECUTOR.
+    #: Dynamo graph, and the graph runs in eager PyTorch when that is faster. ``"ort"``:
+    #: every group in ORT, no timing. Debug mode always runs ORT. One of ``"auto"``,
+    #: ``"ort"``; default ``"auto"``, env ``LORT_EXECUTOR``.
     executor: str = dataclasses.field(default_factory=lambda: _env_str(ENV_EXECUTOR, "auto"))
-    #: executor="auto": the engines a captured graph may run in, chosen by measurement on
-    #: the real inputs: "ort" (lort's graph: its groups in ORT, the rest in PyTorch's
-    #: kernels), "pytorch" (eager PyTorch) and "inductor" (PyTorch compiled by inductor,
-    #: in the background after the first call, swapped in where measured faster:
-    #: compile/engines.py). Leave "inductor" out where no C++ toolchain is installed or
-    #: its compile time is not wanted; "ort" and "pytorch" are always candidates. Env
-    #: LORT_ENGINES, comma-separated ("ort,pytorch").
+    #: With ``executor="auto"``, the engines a captured graph may run in, chosen by
+    #: measurement on the real inputs: ``"ort"`` (lort's graph: its groups in ORT, the
+    #: rest in PyTorch's kernels), ``"pytorch"`` (eager PyTorch) and ``"inductor"``
+    #: (PyTorch compiled by inductor, in the background after the first call, swapped in
+    #: where measured faster: compile/engines.py). Leave ``"inductor"`` out where no C++
+    #: toolchain is installed or its compile time is not wanted. A list of engines, each
+    #: once, always with ``"ort"`` and ``"pytorch"``; default
+    #: ``("ort", "pytorch", "inductor")``, env ``LORT_ENGINES``, comma-separated
+    #: (``ort,pytorch``).
     engines: tuple = dataclasses.field(default_factory=_env_engines)
     #: Apply onnxscript's ORT fusion rewrites (GELU, skip layer norm, attention, fused
-    #: matmul, ...) to each group before ORT's own optimizations.
+    #: matmul, ...) to each group before ORT's own optimizations. A bool; default ``True``.
     ort_fusions: bool = True
     #: Let ORT's thread pool spin after a run. Faster back-to-back ORT runs, but the
     #: spinning threads steal the cores of whatever PyTorch runs next (measured in
-    #: benchmarks/threads.md), so it is opt-in.
+    #: benchmarks/studies/threads.md), so it is opt-in. A bool; default ``False``.
     allow_spinning: bool = False
     #: Every lort session on CPU allocates from one ORT arena shared by the process,
     #: instead of an arena per session that keeps its peak for good, which lowers peak
-    #: RSS in training (benchmarks/memory.md, before and after).
+    #: RSS in training (benchmarks/results/memory.md, before and after). A bool; default
+    #: ``True``.
     share_cpu_arena: bool = True
     #: Every lort session on a CUDA device allocates from one ORT arena per device,
     #: instead of an arena per session. Off by default: not yet measured on a GPU; on an
     #: H200, BERT's training with an arena per session peaked 5.2 GB outside PyTorch's
-    #: allocator (benchmarks/cuda_memory.md).
+    #: allocator (benchmarks/results/cuda_memory.md). A bool; default ``False``.
     share_cuda_arena: bool = False
     #: Write convolution_backward as convolutions so it runs in ORT. Off by default:
-    #: slower than PyTorch's kernels on CPU (benchmarks/conv_backward.md).
+    #: slower than PyTorch's kernels on CPU (benchmarks/studies/conv_backward.md). A bool;
+    #: default ``False``.
     decompose_conv_backward: bool = False
     #: Keep translated groups (the ONNX model and the timed choices) on disk, so a new
-    #: process skips translation and timing. Env LORT_DISK_CACHE (0 turns it off).
+    #: process skips translation and timing. A bool; default ``True``, env
+    #: ``LORT_DISK_CACHE`` (``0`` turns it off).
     disk_cache: bool = dataclasses.field(default_factory=lambda: _env_bool(ENV_DISK_CACHE, True))
-    #: Where the disk cache lives. Env LORT_CACHE_DIR; default $XDG_CACHE_HOME/lort or ~/.cache/lort.
+    #: Where the disk cache lives: a directory path. Default env ``LORT_CACHE_DIR``, else
+    #: ``$XDG_CACHE_HOME/lort`` or ``~/.cache/lort``.
     cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
-    #: Size limit of the disk cache in MiB; least recently used entries go first.
+    #: Size limit of the disk cache in MiB; least recently used entries go first. An int
+    #: >= 1; default ``1024``.
     cache_max_mb: int = 1024
-    #: A directory to write every translated group's ONNX model to, or None.
+    #: A directory to write every translated group's ONNX model to, or ``None`` (the
+    #: default: nothing written).
     save_onnx: str | None = None
     #: Callables applied, in order, to each group's ONNX model (an ``onnx.ModelProto``,
     #: changed in place) before ORT builds a session of it: DORT's option of this name.
     #: Every session runs the transformed model (timing, runs, frozen weights). A
-    #: transform is code lort cannot hash, so with any the disk cache is not used.
+    #: transform is code lort cannot hash, so with any the disk cache is not used. A list
+    #: of callables; default ``()``.
     pre_ort_model_transforms: tuple = ()
     #: Record, per group, how ORT's own optimizer changed the graph it runs (ops it added,
     #: such as FusedConv, and ops it removed, such as a BatchNormalization folded into a
     #: convolution). Builds each group's session a second time to read the optimized
-    #: graph, so it is off except in lort.explain.
+    #: graph, so it is off except in lort.explain. A bool; default ``False``.
     record_ort_graph: bool = False
-    #: lort.ORTModule: how many input schemas (structure, dtypes, constants, train/eval,
-    #: ...) keep their compiled graphs; the least recently used is dropped first.
+    #: ``lort.ORTModule``: how many input schemas (structure, dtypes, constants,
+    #: train/eval, ...) keep their compiled graphs; the least recently used is dropped
+    #: first. An int >= 1; default ``8``.
     schema_cache_size: int = 8
-    #: lort.ORTModule: calls without grad (torch.no_grad, torch.inference_mode) are
+    #: ``lort.ORTModule``: calls without grad (torch.no_grad, torch.inference_mode) are
     #: captured with torch.export instead of Dynamo and then run without Dynamo's
     #: per-call guards. lort checks instead, on every call: the input structure, non-tensor
     #: inputs, tensor dtypes, devices, shapes and strides, grad mode, autocast, every
     #: submodule's training flag, plain attributes, parameters, buffers, submodules and
     #: hooks, the plain attributes of objects the modules hold (a Hugging Face config), and
     #: the weights' memory and version (frozen weights as Options.freeze says). What it
-    #: does not see: Python globals and closures read by ``forward``. False keeps Dynamo
-    #: (and its guards) for them too.
+    #: does not see: Python globals and closures read by ``forward``. ``False`` keeps
+    #: Dynamo (and its guards) for them too. A bool; default ``True``.
     direct_inference: bool = True
-    #: Progress of compiles: one INFO line on the "lort" logger per graph for capture,
+    #: Progress of compiles. One INFO line on the "lort" logger per graph for capture,
     #: translation, session building and timing, and a progress bar over the groups of a
-    #: graph with many of them when stderr is a terminal (with tqdm installed). Env
-    #: LORT_PROGRESS (0 turns both off).
+    #: graph with many of them when stderr is a terminal (with tqdm installed). A bool;
+    #: default ``True``, env ``LORT_PROGRESS`` (``0`` turns both off).
     progress: bool = dataclasses.field(default_factory=lambda: _env_bool(ENV_PROGRESS, True))
-    #: Inference graphs (no grad): parameters and buffers the graph only reads become
-    #: ORT initializers instead of inputs, so ORT folds, fuses and pre-packs them. Each
-    #: call first checks that every frozen tensor is still the one frozen: same object,
-    #: data pointer and version counter (in-place ops, optimizer steps, load_state_dict,
-    #: buffer updates, a new Parameter or ``p.data = t``), and with "auto" also one
-    #: sampled element of each CPU tensor (catches most writes through ``p.data`` or
-    #: NumPy, which bump no version); a change re-freezes with the new values. "auto"
-    #: freezes only what it can sample: weights in CUDA memory stay inputs. True freezes
-    #: on every device and skips the sampled element; False keeps weights as inputs.
-    #: Env LORT_FREEZE (auto, 1, 0).
+    #: Frozen weights, in inference graphs (no grad). Parameters and buffers the graph
+    #: only reads become ORT initializers instead of inputs, so ORT folds, fuses and
+    #: pre-packs them. Each call first checks that every frozen tensor is still the one
+    #: frozen: same object, data pointer and version counter (in-place ops, optimizer
+    #: steps, load_state_dict, buffer updates, a new Parameter or ``p.data = t``), and
+    #: with ``"auto"`` also one sampled element of each CPU tensor (catches most writes
+    #: through ``p.data`` or NumPy, which bump no version); a change re-freezes with the
+    #: new values. ``"auto"`` freezes only what it can sample (weights in CUDA memory
+    #: stay inputs) and only up to ``freeze_max_mb``; ``True`` freezes on every device
+    #: at any size and skips the sampled element; ``False`` keeps weights as inputs. One
+    #: of ``"auto"``, ``True``, ``False``; default ``"auto"``, env ``LORT_FREEZE``
+    #: (``auto``, ``1``, ``0``).
     freeze: "str | bool" = dataclasses.field(default_factory=_env_freeze)
-    #: freeze="auto" freezes a graph's weights only while they total at most this many
-    #: MiB (each tensor counted once). ORT reads frozen weights in place, but keeps its
-    #: own pre-packed copy of the ones its GEMM and convolution kernels pack, and of the
-    #: ones it folds (batch norm into a convolution): up to one more copy of the weights.
-    #: Above the limit they stay inputs and ORT holds none of them (BERT-base's 418 MiB:
-    #: benchmarks/scale.md). freeze=True freezes at any size. Env LORT_FREEZE_MAX_MB.
+    #: With ``freeze="auto"``, a graph's weights are frozen only while they total at
+    #: most this many MiB (each tensor counted once). ORT reads frozen weights in place,
+    #: but keeps its own pre-packed copy of the ones its GEMM and convolution kernels
+    #: pack, and of the ones it folds (batch norm into a convolution): up to one more
+    #: copy of the weights. Above the limit they stay inputs and ORT holds none of them
+    #: (BERT-base's 418 MiB: benchmarks/results/scale.md). A number >= 0; default
+    #: ``128``, env ``LORT_FREEZE_MAX_MB``.
     freeze_max_mb: float = dataclasses.field(default_factory=lambda: _env_float(ENV_FREEZE_MAX_MB, 128.0))
 
     def __post_init__(self) -> None:
@@ -270,11 +298,14 @@ class Options:
 
     @classmethod
     def valid_keys(cls) -> list[str]:
+        """The names of every option, in field order (what an unknown key's error lists)."""
         return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
     def resolve(cls, options: "Options | Mapping[str, Any] | None" = None, **overrides: Any) -> "Options":
-        """Options from an Options, a mapping, or None (environment and defaults)."""
+        """Options from an Options, a mapping, or None (environment and defaults), with
+        ``overrides`` applied. An unknown key raises ``TypeError`` naming the valid ones;
+        a bad value raises ``ValueError``."""
         if options is None:
             options = {}
         if isinstance(options, Options):

@@ -55,7 +55,7 @@ class Tuner:
     #: A whole graph runs in eager PyTorch when eager's time is below this x lort's: eager
     #: must win clearly, so that a near tie does not flip between processes (and a cached
     #: "eager" choice leave a graph out of ORT for good), within the training bar of
-    #: 0.98x eager's speed (benchmarks/scale.md).
+    #: 0.98x eager's speed (benchmarks/results/scale.md).
     graph_eager_margin: float = 0.98
     #: A group runs on one ORT thread only when its time there is below this x its time
     #: with all threads: choices are cached on disk, and a sample taken while the machine

@@ -12,29 +12,37 @@ from .records import CLOSE_CALL, GraphRecord, GroupInfo, close_call, ort_optimiz
 
 
 class ExplainReport:
-    """What ran where: returned by ``lort.explain``."""
+    """What ran where: returned by ``lort.explain``. ``str(report)`` is a table of the
+    graphs, their ORT groups and the nodes left to PyTorch with their reasons;
+    ``save_html`` draws the same as one self-contained page. ``records`` holds each
+    graph's full record."""
 
     def __init__(self, records: list[GraphRecord]):
         self.records = list(records)
 
     @property
     def graphs(self) -> list[torch.fx.GraphModule]:
+        """The captured ATen graphs (``torch.fx.GraphModule``), one per compiled graph."""
         return [r.graph_module for r in self.records]
 
     @property
     def groups(self) -> list[GroupInfo]:
+        """Every ORT fusion group of every graph: nodes, inputs, outputs, threads, executor, times."""
         return [g for r in self.records for g in r.groups]
 
     @property
     def ort_nodes(self) -> int:
+        """How many ATen nodes run in ORT groups."""
         return sum(r.ort_nodes for r in self.records)
 
     @property
     def torch_nodes(self) -> int:
+        """How many ATen nodes stay in PyTorch."""
         return sum(r.torch_nodes for r in self.records)
 
     @property
     def fallbacks(self) -> list[tuple[str, str]]:
+        """``(op, reason)`` for every ATen node left to PyTorch."""
         return [f for r in self.records for f in r.fallbacks]
 
     @property
@@ -44,6 +52,7 @@ class ExplainReport:
 
     @property
     def ort_fraction(self) -> float:
+        """The share of ATen nodes in ORT: ``ort_nodes / (ort_nodes + torch_nodes)``, 0.0 for none."""
         total = self.ort_nodes + self.torch_nodes
         return self.ort_nodes / total if total else 0.0
 

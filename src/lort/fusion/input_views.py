@@ -6,7 +6,7 @@ an input of the graph (``t(weight)``, ``view(tangent)``), PyTorch would give the
 values as a view, without a copy. AOTAutograd's forward graph returns such views for the
 backward (a linear layer saves ``t(weight)``): out of ORT, every layer's transposed weight
 was a copy held from forward to backward, as much memory again as the weights
-(BERT-base: 326 of the 425 MiB the forward saved; benchmarks/engines.md).
+(BERT-base: 326 of the 425 MiB the forward saved; benchmarks/results/training.md).
 
 The pass (``split_input_views``) copies each such chain for its consumers outside ORT
 (the graph's output, nodes the support check refused) and leaves the copy to PyTorch;

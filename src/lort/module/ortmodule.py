@@ -56,6 +56,8 @@ class LogLevel(enum.IntEnum):
 
     @property
     def logging_level(self) -> int:
+        """The ``logging`` level this level sets on the ``lort.module`` logger (VERBOSE is
+        ``logging.DEBUG``, FATAL ``logging.CRITICAL``)."""
         return {0: logging.DEBUG, 1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR, 4: logging.CRITICAL}[
             int(self)
         ]
@@ -75,21 +77,24 @@ def _writable(path: str) -> bool:
 
 
 class DebugOptions:
-    """ORTModule's debug options.
+    """ORTModule's debug options (onnxruntime-training's fields, and ``save_path``).
 
-    log_level: a ``LogLevel``; sets the level of the ``lort.module`` logger (re-capture
-    reasons are logged at INFO).
-    save_onnx: write the ONNX models to ``save_path`` (default: the current directory):
-    under onnxruntime-training's names (``{onnx_prefix}_torch_exported_training.onnx``,
-    ``_optimized_pre_grad_training``, ``_optimized_{training,inference}``,
-    ``_execution_model_{training,inference}``; module/debug_files.py says what each
-    holds), and every compiled group's own,
-    ``{onnx_prefix}_{train|eval}_s{schema}_g{n}_{forward|backward|inference}_{group}.onnx``,
-    with ``{onnx_prefix}_{train|eval}_s{schema}_schema.txt`` describing the inputs.
-    onnx_prefix: the file name prefix; required with ``save_onnx``.
-    save_path: the directory (env ``ORTMODULE_SAVE_ONNX_PATH`` as in onnxruntime); with
-    ``save_onnx`` it must be writable (or creatable), checked here as onnxruntime does.
-    Errors carry onnxruntime-training's messages.
+    - ``log_level``: a ``LogLevel``, default ``LogLevel.WARNING``; sets the level of the
+      ``lort.module`` logger (re-capture reasons are logged at INFO).
+    - ``save_onnx``: a bool, default ``False``; write the ONNX models to ``save_path``:
+      under onnxruntime-training's names (``{onnx_prefix}_torch_exported_training.onnx``,
+      ``_optimized_pre_grad_training``, ``_optimized_{training,inference}``,
+      ``_execution_model_{training,inference}``; module/debug_files.py says what each
+      holds), and every compiled group's own,
+      ``{onnx_prefix}_{train|eval}_s{schema}_g{n}_{forward|backward|inference}_{group}.onnx``,
+      with ``{onnx_prefix}_{train|eval}_s{schema}_schema.txt`` describing the inputs.
+    - ``onnx_prefix``: a string, default ``""``; the file name prefix, required (non-empty)
+      with ``save_onnx``.
+    - ``save_path``: a string, default ``""``: env ``ORTMODULE_SAVE_ONNX_PATH`` as in
+      onnxruntime, else the current directory. With ``save_onnx`` it must be writable (or
+      creatable), checked here as onnxruntime does.
+
+    An unknown field raises ``TypeError``; errors carry onnxruntime-training's messages.
     """
 
     _FIELDS = ("log_level", "save_onnx", "onnx_prefix", "save_path")

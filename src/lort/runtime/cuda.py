@@ -136,7 +136,7 @@ def provider_options(index: int, tf32: bool, user: dict | None = None) -> dict:
     deviation, that formula in float32 emulated in NumPy: relative error in the variance
     5e-4 median, 2e-3 at worst of 200), where PyTorch's layer norm does not. ORT documents
     strict mode as the more accurate one, so lort asks for it unless the user's options say
-    otherwise. Its cost on a GPU is not measured yet (benchmarks/results_cuda.md)."""
+    otherwise. Its cost on a GPU is not measured yet (benchmarks/results/cuda.md)."""
     _quiet_ort_default_logger()
     opts = {str(k): str(v) for k, v in (user or {}).items()}
     opts.setdefault("device_id", str(index))

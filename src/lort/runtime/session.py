@@ -35,8 +35,10 @@ _LEVELS = {
 
 
 class _Stats:
-    """Counters a test or benchmark can read: sessions built for running groups (the
-    short-lived ones that time thread counts are not counted), ORT runs."""
+    """``lort.stats``: counters a test or benchmark can read, for the whole process.
+    ``sessions_created``: ORT sessions built for running groups (the short-lived ones
+    that time thread counts are not counted); ``ort_runs``: ORT session runs.
+    ``snapshot()`` returns both as a tuple."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -65,7 +65,7 @@ _MARGIN = (
 #: (OpInfo name, dtype name or None for every dtype) -> why the extreme sample differs
 #: from eager for a reason that is not a lort translation at odds with PyTorch's
 #: semantics: PyTorch's kernel in overflow territory, or an input outside the op's domain.
-#: Only differences the sweep shows are listed (benchmarks/conformance.md, "Extreme-value
+#: Only differences the sweep shows are listed (benchmarks/results/conformance.md, "Extreme-value
 #: samples", names others seen with another order of the values).
 KNOWN_DIFFERENCES: dict[tuple[str, str | None], str] = {
     **{(name, dtype): _FMA for name in ("bmm", "baddbmm", "nn.functional.linear") for dtype in ("float32", "float64")},

@@ -187,8 +187,8 @@ def _no_cache(made):
     return made
 
 
-#: The models at the sizes issue 10 benchmarks on CUDA (benchmarks/run.py --device cuda,
-#: benchmarks/cuda_memory.py): BERT and GPT-2 with 6 layers of 768, a Llama-style decoder
+#: The models at the sizes issue 10 benchmarks on CUDA (python -m benchmarks cuda,
+#: python -m benchmarks cuda-memory): BERT and GPT-2 with 6 layers of 768, a Llama-style decoder
 #: with 4 layers of 1024 and grouped-query attention (16 heads, 4 key/value heads), all
 #: on 128 tokens, the decoders without a key/value cache; ResNet-50 and ViT-S/16 at 224 px.
 CUDA_CASES = {
@@ -242,7 +242,7 @@ def llama_2gb(batch=1, seq=128, layers=18, seed=0):
     return model, (torch.randint(0, cfg.vocab_size, (batch, seq)),), {"use_cache": False}
 
 
-#: The models at the sizes users run (benchmarks/scale.py): each builder returns
+#: The models at the sizes users run (python -m benchmarks scale): each builder returns
 #: (model, args, kwargs).
 SCALE_CASES = {
     "bert_base": lambda b=1: (*bert_base(batch=b), {}),

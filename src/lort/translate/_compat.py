@@ -190,7 +190,7 @@ def optimize_for_ort(model: ir.Model, skip_norms: bool = True) -> tuple[ir.Model
 #: onnxscript's fusions of a residual Add and the norm after it into ORT's
 #: SkipLayerNormalization / SkipSimplifiedLayerNormalization. ORT 1.31's CPU kernels of
 #: those run slower than its Add and LayerNormalization (or SimplifiedLayerNormalization)
-#: kernels they replace, 24 of each, 2 threads (benchmarks/skip_norm.md): 0.48 against
+#: kernels they replace, 24 of each, 2 threads (benchmarks/studies/skip_norm.md): 0.48 against
 #: 0.12 ms at 17x192, 6.5 against 1.9 ms at 128x768; 0.54 against 0.21 ms for the RMS
 #: forms at 16x1024. lort leaves them out of groups that run on CPU.
 SKIP_NORM_FUSIONS = ("fuse_skip_layer_normalization", "fuse_skip_rms_normalization")

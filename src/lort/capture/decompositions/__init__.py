@@ -11,7 +11,7 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
 * ``convolution_backward`` (no PyTorch decomposition, no torch_lib translation) can be
   written as the convolutions that compute it (``composite``). It is off by default
   (``Options.decompose_conv_backward``): ORT's Conv with a kernel as large as the
-  feature map is slow (benchmarks/conv_backward.md).
+  feature map is slow (benchmarks/studies/conv_backward.md).
 * ``_transformer_encoder_layer_fwd``, nn.TransformerEncoderLayer's inference fast path
   (no torch_lib translation), is written as the attention, feed-forward and layer
   norms it computes (``composite``); with an attention mask it stays whole (runs in
@@ -23,12 +23,12 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
 * ``native_batch_norm_backward`` in training (batch statistics) is kept whole and runs in
   PyTorch's fused kernel (no torch_lib translation). Its decomposition, a dozen elementwise
   ops and reductions per layer, ran 9x eager's kernel in ORT (ResNet-50's backward on an
-  Intel Xeon: 405 + 24 ms against 48 ms, benchmarks/backward_breakdown.md); kept whole,
+  Intel Xeon: 405 + 24 ms against 48 ms, benchmarks/studies/backward_breakdown.md); kept whole,
   a ResNet-50 training step with every group in ORT is 1.11x faster (3014 against
   3333 ms, batch 8 at 224 px).
   Layer norm's, softmax's and GELU's backward stay decomposed: kept whole, BERT-base's
   step (batch 4 x 128) was 0.99x / 1.00x / 1.00x as fast, so no gain pays for the
-  boundary between ORT groups (benchmarks/engines.md, ``fused_backward.py``).
+  boundary between ORT groups (benchmarks/studies/fused_backward.md).
 * integer ``div(..., rounding_mode="floor")`` becomes ``floor_divide`` (``composite``).
 * NaN semantics: amax/amin/max/min, argmax/argmin, max_pool and sign get an isnan-based
   select after the op, so ORT's results follow PyTorch's on inputs with NaN (``nan``).

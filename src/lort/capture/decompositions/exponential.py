@@ -18,7 +18,7 @@ translated as it is) where the kernel keeps the policy.
   terms only (float32 sigmoid(-17.26) is 3.7 times eager's 3.2e-8): far inside atol, and
   eager's formula there cost 40% on a SiLU CNN (four nodes per SiLU where ORT fuses
   ``x * Sigmoid(x)`` into one QuickGelu, and broken NCHWc chains;
-  benchmarks/logistic_cost.md). float64 keeps eager's formulas (``KERNEL_DTYPES``), and
+  benchmarks/studies/logistic_cost.md). float64 keeps eager's formulas (``KERNEL_DTYPES``), and
   so does elu with an input_scale, which torch_lib's translation applies to both
   branches. Elsewhere (CUDA), eager's formulas: ORT's CUDA Sigmoid computes
   ``1 - 1 / (1 + exp(x))`` for x <= 0, which in float16 is 0 below about -7.6 (eager
