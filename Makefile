@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements-ci.txt
 install: native
 
 # lort's C++ frozen-weight check, built for the torch installed (about a minute the first
-# time); without a compiler lort checks in Python, and tests/test_weight_check.py says so.
+# time); without a compiler lort checks in Python, and tests/backend/test_weight_check.py says so.
 native: $(STAMP)
 	$(PY) -m lort.runtime.build_native || echo "make: the C++ frozen-weight check is not built: lort checks frozen weights in Python"
 

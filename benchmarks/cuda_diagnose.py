@@ -1,4 +1,4 @@
-"""Diagnoses for the CUDA failures tests/test_cuda.py left open on an H200 (2026-11-26),
+"""Diagnoses for the CUDA failures tests/cuda/test_cuda.py left open on an H200 (2026-11-26),
 for the next session with a GPU (`bash benchmarks/gpu_run.sh diagnose`). Prints, never
 asserts; stderr is not captured, so ORT's own message before an abort shows.
 
@@ -16,7 +16,7 @@ asserts; stderr is not captured, so ORT's own message before an abort shows.
   sessions): the process aborted inside that release. Each stage is printed before it
   runs, with a device synchronize between stages. It passed in the second GPU run: the
   synchronizes let ORT's end-of-run host function run before the sessions were freed,
-  the cause of the abort (runtime/cuda.py: drain); tests/test_cuda.py's
+  the cause of the abort (runtime/cuda.py: drain); tests/cuda/test_cuda.py's
   test_model_dropped_while_its_last_run_is_queued is the failing case.
 """
 
@@ -48,7 +48,7 @@ def _err(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _model_and_reference(name: str, device: str):
-    """tests/test_models.py's ``name`` in eval mode, its inputs, and its output in float64
+    """tests/models/test_models.py's ``name`` in eval mode, its inputs, and its output in float64
     and in eager float32."""
     from lort.testing.models import output_tensor
     from test_models import make

@@ -49,7 +49,7 @@
 #   install   assemble onnxruntime-gpu and onnx-ir into /tmp/site (.gpu/last carried) and check
 #             that CUDAExecutionProvider loads
 #   info      nvidia-smi and versions
-#   tests     pytest tests/test_cuda.py (WORKERS parallel processes, default 8; PYTEST_ARGS
+#   tests     pytest tests/cuda/test_cuda.py (WORKERS parallel processes, default 8; PYTEST_ARGS
 #             added, e.g. PYTEST_ARGS='-k tf32'); TESTS_TIMEOUT seconds (default 500)
 #   bench     python -m benchmarks cuda (benchmarks/run.py --device cuda) for MODELS (default all five) and SCENARIOS
 #             (default infer1,infer32,train32), with --profile unless PROFILE=0 (where each step's
@@ -145,7 +145,7 @@ step_tests() {
   local par=()
   if python3 -c "import xdist" 2>/dev/null && [ "${WORKERS:-8}" != 0 ]; then par=(-n "${WORKERS:-8}"); fi
   # shellcheck disable=SC2086
-  timeout -s INT "${TESTS_TIMEOUT:-500}" python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider ${par[@]+"${par[@]}"} \
+  timeout -s INT "${TESTS_TIMEOUT:-500}" python3 -m pytest tests/cuda/test_cuda.py -q -p no:cacheprovider ${par[@]+"${par[@]}"} \
     --durations=25 --junitxml="$OUT/test_cuda.xml" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test_cuda.log"
   echo "pytest exit status ${PIPESTATUS[0]} (124: stopped by TESTS_TIMEOUT)"
 }
@@ -162,7 +162,7 @@ step_bench() {
 
 step_diagnose() {
   need_site
-  # What tests/test_cuda.py left open on the H200 (2026-11-26): printed, stderr included
+  # What tests/cuda/test_cuda.py left open on the H200 (2026-11-26): printed, stderr included
   # (by_op: the transformer's float32 gap, one ATen op at a time in ORT).
   { timeout -s INT "${DIAGNOSE_TIMEOUT:-240}" python3 benchmarks/cuda_diagnose.py precision
     echo "precision exit status $?"

@@ -1,6 +1,6 @@
 """torch_lib translations known to give results different from PyTorch's.
 
-Found by lort's op tests (tests/test_ops.py) and the OpInfo conformance sweep
+Found by lort's op tests (tests/ops/test_ops.py) and the OpInfo conformance sweep
 (lort.testing.conformance). A node these rules select stays out of ORT: an op that is
 always wrong is decomposed by PyTorch into ops that translate correctly (it is not in
 ``implemented`` for the decompositions); an op wrong only for some arguments stays in
@@ -98,7 +98,7 @@ def _when(predicate: Callable[[torch.fx.Node], bool], reason: str) -> Callable:
 @functools.lru_cache(maxsize=1)
 def table() -> dict:
     """torch_lib translations that give results different from PyTorch's, found by
-    lort's op tests (tests/test_ops.py).
+    lort's op tests (tests/ops/test_ops.py).
 
     A value is either a reason: the op is never translated and PyTorch's decomposition of
     it (into ops that translate correctly) is used instead; or a function of the FX node

@@ -53,7 +53,7 @@ _HOOK_METHODS = (
 )
 #: Modules whose own methods write their submodule registry directly (``insert``,
 #: ModuleDict's ``del`` and ``clear``), and every method of theirs that changes it:
-#: wrapped like ``__setattr__`` (tests/test_module_watch.py reads torch's source to
+#: wrapped like ``__setattr__`` (tests/ortmodule/test_module_watch.py reads torch's source to
 #: check that no other method writes the registry).
 _CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 _CONTAINER_METHODS = ("insert", "append", "extend", "pop", "popitem", "clear", "update", "__setitem__",

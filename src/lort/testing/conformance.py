@@ -27,7 +27,7 @@ Each (op, dtype) gets one status:
 
 It also records how many ATen nodes of the captured graphs ran in ORT and why the others
 stayed in PyTorch (``fallback_kind`` labels each reason by its kind). Used by
-``tests/test_conformance.py`` (a fixed sample of ops) and ``python -m benchmarks conformance``
+``tests/ops/test_conformance.py`` (a fixed sample of ops) and ``python -m benchmarks conformance``
 (every op, in worker processes: ``lort.testing.conformance_pool``).
 """
 

@@ -10,7 +10,7 @@ and with the kernels' fused multiply-adds (``_fused``); registered by
 type promotion does. Given libm's exp, log, sin and cos, float32 is eager's kernel bit
 for bit; float64 differs by the fused multiply-adds it leaves unfused (``_fused``).
 Through ORT the results differ by ORT's exp, log, sin and cos against libm's: a few ulp
-(more, relative to the value, next to Ai's zeros); tests/test_decompositions_bessel_modified.py.
+(more, relative to the value, next to Ai's zeros); tests/decompositions/test_decompositions_bessel_modified.py.
 
 Python's ``c / tensor`` is ``reciprocal(tensor) * c``, which rounds twice: a constant
 divided by a tensor goes through ``_rdiv``, a true division, as the kernels divide.

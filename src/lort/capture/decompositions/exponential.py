@@ -14,7 +14,7 @@ translated as it is) where the kernel keeps the policy.
 * ``sigmoid``, ``silu``, ``elu``, ``celu``, ``selu``: on CPU, ORT's kernels (MLAS's
   logistic; Elu, Celu, Selu) are within the tolerances in float32 and float16 from the
   smallest values to overflow, with NaN/inf and signs as eager's
-  (tests/test_decompositions_exponential.py). MLAS's logistic is accurate in absolute
+  (tests/decompositions/test_decompositions_exponential.py). MLAS's logistic is accurate in absolute
   terms only (float32 sigmoid(-17.26) is 3.7 times eager's 3.2e-8): far inside atol, and
   eager's formula there cost 40% on a SiLU CNN (four nodes per SiLU where ORT fuses
   ``x * Sigmoid(x)`` into one QuickGelu, and broken NCHWc chains;

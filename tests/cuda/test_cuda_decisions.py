@@ -1,8 +1,8 @@
 """What lort decides for CUDA before any GPU runs, checked on CPU: which TF32 flags a
 group's sessions follow, which dtypes ONNX's schemas refuse, and how ORT's kernel
 registry is read where onnxruntime-gpu is installed. Each was found wrong by
-tests/test_cuda.py on an H200 (benchmarks/results/cuda.md); the GPU-side checks stay in
-tests/test_cuda.py."""
+tests/cuda/test_cuda.py on an H200 (benchmarks/results/cuda.md); the GPU-side checks stay in
+tests/cuda/test_cuda.py."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _aten_graph(model: torch.nn.Module, *args) -> torch.fx.GraphModule:
 def tf32_flags():
     """Restores the matmul flags (legacy API only: mixing it with the new fp32_precision
     API is an error in torch); cuDNN's flag is set through ``cudnn_tf32`` only (PyTorch's
-    OpInfo tests, run earlier in the suite, forbid setting it directly). tests/test_cuda.py
+    OpInfo tests, run earlier in the suite, forbid setting it directly). tests/cuda/test_cuda.py
     uses both."""
     saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32)
     yield
@@ -235,7 +235,7 @@ def test_a_session_that_ran_on_cuda_waits_for_its_stream_before_it_is_freed(monk
     function and ORT abort the process (an H200, twice). A CUDA session that ran drains
     lort's stream of its device when freed; one that never ran, or a CPU one, does not.
     Checked on a CPU session given a CUDA session's stream order (the GPU side:
-    tests/test_cuda.py, test_model_dropped_while_its_last_run_is_queued)."""
+    tests/cuda/test_cuda.py, test_model_dropped_while_its_last_run_is_queued)."""
     import gc
 
     from lort.options import Options

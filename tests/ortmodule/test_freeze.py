@@ -361,7 +361,7 @@ def test_a_replaced_parameter_is_not_kept_alive_by_lort(net):
 
 def test_auto_freezes_only_what_it_can_sample():
     """freeze="auto" guards writes behind the version counter by sampling an element in
-    CPU memory; a weight elsewhere (a meta tensor stands in for CUDA here; tests/test_cuda.py
+    CPU memory; a weight elsewhere (a meta tensor stands in for CUDA here; tests/cuda/test_cuda.py
     runs the real case) stays an input under "auto", with the reason, and is frozen with
     freeze=True."""
     from lort.compile import freezing

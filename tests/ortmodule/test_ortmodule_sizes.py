@@ -1,6 +1,6 @@
 """lort.ORTModule over many input sizes: a training loop never meets Dynamo's recompile
 limit as an exception (module/recapture.py). Every step is checked against eager
-PyTorch and a float64 reference (outputs and gradients, tests/test_ortmodule.py's
+PyTorch and a float64 reference (outputs and gradients, tests/ortmodule/test_ortmodule.py's
 budgets)."""
 
 import copy

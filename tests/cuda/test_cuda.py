@@ -5,7 +5,7 @@ CUDAExecutionProvider (the CPU build): CI and the development machine skip it;
 benchmarks/gpu_run.sh runs it on a GPU machine.
 
 Tolerances.
-- float32: the float64-reference budget of tests/test_models.py (lort's error at most
+- float32: the float64-reference budget of tests/models/test_models.py (lort's error at most
   ERR_FACTOR times eager float32's own error, plus FLOOR times the tensor's magnitude),
   with the helpers imported from there.
 - TF32: with TF32 off (PyTorch's default for matmuls) lort must match eager float32 to
@@ -104,7 +104,7 @@ def _ref_loss(out):
 
 
 def _assert_grads(eager_model, lort_params, ref_model, what) -> None:
-    """Every parameter's gradient within budget (as in tests/test_models.py)."""
+    """Every parameter's gradient within budget (as in tests/models/test_models.py)."""
     checked = 0
     for (pname, p_e), p_l, p_r in zip(eager_model.named_parameters(), lort_params, ref_model.parameters()):
         if p_e.grad is None:
@@ -130,7 +130,7 @@ def _step_against_eager(model, lort_model, cm, ref_model, args, name, what) -> N
     _assert_grads(model, lort_model.parameters(), ref_model, f"{name} {what}")
 
 
-# -- every model of tests/test_models.py on CUDA ------------------------------------------
+# -- every model of tests/models/test_models.py on CUDA ------------------------------------------
 @pytest.fixture
 def float32_precision():
     """TF32 off for matmuls and cuDNN, as float32 comparisons need: with cuDNN's TF32 on
@@ -325,8 +325,8 @@ def test_model_dropped_while_its_last_run_is_queued():
     import subprocess
     import sys
 
-    tests = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, LORT_TESTS_DIR=tests)
+    models = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
+    env = dict(os.environ, LORT_TESTS_DIR=models)  # the child imports tests/models/test_models.py
     proc = subprocess.run([sys.executable, "-c", _RELEASE_WHILE_QUEUED], env=env, capture_output=True,
                           text=True, timeout=400)
     assert proc.returncode == 0 and "released" in proc.stdout, (
@@ -519,7 +519,7 @@ def test_autocast_training_steps_as_in_pytorch_amp_test(dtype):
     with a GradScaler, bfloat16 without), then every gradient and parameter against
     eager's. float16 at that test's tolerances. bfloat16, which that test does not cover,
     against a float64 run of the same steps, within the budget of eager bfloat16's own
-    error (tests/test_models.py's rule): a gradient here is a bfloat16 matmul's output,
+    error (tests/models/test_models.py's rule): a gradient here is a bfloat16 matmul's output,
     and where its rows cancel, one rounding of an addend moves it by more than atol
     1e-3 + rtol 1.6e-2 of its size (5 of 65,536 elements of one weight's gradient, lort
     against eager, on an H200)."""
@@ -661,7 +661,7 @@ def _cuda_inputs():
 
 def test_fused_model_failing_at_first_run_falls_back_to_the_plain_one(monkeypatch):
     """The issue's crash on CUDA (FusedMatMul with transBatchA on inputs of unequal
-    ranks), as tests/test_run_fallback.py makes it: the plain model runs, no warning."""
+    ranks), as tests/backend/test_run_fallback.py makes it: the plain model runs, no warning."""
     monkeypatch.setattr(onnx_export, "fuse_for_ort", broken_fusion)
     check_plain_model_runs(*_cuda_inputs())
 

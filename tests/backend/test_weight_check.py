@@ -1,6 +1,6 @@
 """The frozen-weight check (runtime/frozen.py's WeightGuard) in C++ (weight_check.cpp,
 built by runtime/native.py) and in Python: each sees every way a weight changes, and they
-agree. tests/test_freeze.py runs the same routes through compiled models."""
+agree. tests/ortmodule/test_freeze.py runs the same routes through compiled models."""
 
 from __future__ import annotations
 

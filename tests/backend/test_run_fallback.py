@@ -83,7 +83,7 @@ def test_fused_model_failing_at_first_run_falls_back_to_the_plain_one(monkeypatc
 
 def check_plain_model_runs(x, w):
     """With fuse_for_ort patched to give a model that fails at its first run: the plain
-    model runs, with no warning, on both calls (tests/test_cuda.py runs it on CUDA)."""
+    model runs, with no warning, on both calls (tests/cuda/test_cuda.py runs it on CUDA)."""
     backend = LortBackend({"executor": "ort", "fallback": "raise"})
     before = lort.stats.ort_runs
     with warnings.catch_warnings():

@@ -3,7 +3,7 @@ layer (translate/repeated.py; GroupCompiler.alike), and computes what eager comp
 
 Transformers' BERT from a config with random weights; the counts come from spies on
 torch_lib's translation and on lort's thread timing, the values from a float64 eager
-reference with the budget of tests/test_models.py.
+reference with the budget of tests/models/test_models.py.
 """
 
 import collections

@@ -129,7 +129,7 @@ def _count(gm, target) -> int:
 def test_max_pool_fix_after_a_relu_is_one_convolution(before, convolutions):
     """The max_pool NaN and -inf fix reads its input's producer while tracing: after an
     op whose values are >= 0 or NaN no window is -inf only, and the fix is one depthwise
-    convolution of the window's sum; elsewhere the general form's four. tests/test_ops.py
+    convolution of the window's sum; elsewhere the general form's four. tests/ops/test_ops.py
     (nan_relu_max_pool2d*) checks both forms' results against eager."""
     gm = _traced_max_pool(before)
     assert _count(gm, aten.convolution.default) == convolutions, gm.code

@@ -142,7 +142,7 @@ print(json.dumps({"weights": weights, "eager": eager, "peak": peak, "resident": 
 
 def _memory(freeze: str) -> dict:
     here = os.path.dirname(os.path.abspath(__file__))
-    bench = os.path.join(os.path.dirname(here), "benchmarks")  # its shared module rss.py (benchmarks/rss.py)
+    bench = os.path.join(os.path.dirname(os.path.dirname(here)), "benchmarks")  # its shared module rss.py (benchmarks/rss.py)
     out = subprocess.run([sys.executable, "-c", CHILD, bench, here, freeze], capture_output=True, text=True,
                          env=dict(os.environ, LORT_DISK_CACHE="0", LORT_PROGRESS="0"))
     assert out.returncode == 0, out.stderr[-2000:]

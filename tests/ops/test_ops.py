@@ -691,7 +691,7 @@ CASES: list[Case] = [
       xfail="ORT's ReduceSum on int64 loses precision beyond 2**53 (9007199254740995 -> ...994): "
       "it seems to accumulate in double"),
     C("empty_tensor", lambda x: x[:, 3:2] * 2 + 1, lambda: (f32(3, 5),), grad=False),
-    # ---- found by the OpInfo conformance sweep (tests/test_conformance.py) -----------
+    # ---- found by the OpInfo conformance sweep (tests/ops/test_conformance.py) -----------
     # torch_lib's erfcx is exp(x**2) * (1 - erf(x)) (NaN at 30) and erfc is 1 - erf(x): both are
     # written from PyTorch's own kernels in capture/decompositions/erf.py and run in ORT.
     C("log_ndtr_tails", lambda x: torch.special.log_ndtr(x) + 1, lambda: (torch.tensor([-40.0, -10.0, -3.0, 0.0, 3.0]),),

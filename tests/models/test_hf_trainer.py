@@ -4,7 +4,7 @@ A 2-layer BERT (random weights from a config) trains 12 Trainer steps on a small
 synthetic dataset, through ``torch_compile_backend="onnxrt"`` and as ``lort.ORTModule``,
 against an eager Trainer run with the same seed, and against a float64 eager run.
 
-Tolerances as in tests/test_ortmodule.py's BERT fine-tuning: AdamW turns float32
+Tolerances as in tests/ortmodule/test_ortmodule.py's BERT fine-tuning: AdamW turns float32
 summation-order noise into full-size steps, so each step's loss (and gradient norm) must
 match eager's within LOSS_RTOL, and lort's drift from the float64 run must stay within
 ERR_FACTOR of eager float32's own drift.

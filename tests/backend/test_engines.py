@@ -1,7 +1,7 @@
 """executor="auto" with inductor among the engines (compile/engines.py): the graph starts
 on lort's graph or eager PyTorch, inductor compiles in its subprocess after the first
 call, and the faster is kept. Each run is checked against eager PyTorch and a float64
-reference (tests/test_ortmodule.py's budgets), over several optimizer steps."""
+reference (tests/ortmodule/test_ortmodule.py's budgets), over several optimizer steps."""
 
 import copy
 import time

@@ -445,7 +445,7 @@ def test_executor_auto_runs_each_group_where_it_timed_faster(monkeypatch, pytorc
 
     x, w = inputs()
     # tiny_inputs_bytes=0: the timed path under test, not the small-graph shortcut
-    # (tests/test_call_floor.py), which real timings of so small a graph may take.
+    # (tests/backend/test_call_floor.py), which real timings of so small a graph may take.
     backend = LortBackend({"executor": "auto"}, tuner=FakeTuner(tiny_inputs_bytes=0))
     before = lort.stats.ort_runs
     out = torch.compile(f, backend=backend)(x, w)

@@ -1,6 +1,6 @@
 """lort.ORTModule against eager PyTorch on the same seeds.
 
-Tolerances (as in tests/test_models.py). Float32 results of ORT and PyTorch differ by
+Tolerances (as in tests/models/test_models.py). Float32 results of ORT and PyTorch differ by
 summation order, so outputs and gradients are checked against a float64 eager reference:
 lort's error must be at most ERR_FACTOR times eager float32's own error plus FLOOR times
 the tensor's magnitude. Results that PyTorch computes in both runs (fallback) must be
@@ -660,7 +660,7 @@ def test_bad_inputs_are_clear_errors():
 # -- transformers BERT fine-tuning --------------------------------------------------------
 BERT_STEPS = 30
 #: AdamW turns float32 summation-order noise in near-zero gradients into full-size steps,
-#: so losses of two float32 runs drift apart over steps; as in tests/test_models.py the
+#: so losses of two float32 runs drift apart over steps; as in tests/models/test_models.py the
 #: losses must match eager within 1e-3 relative, and lort's drift from a float64 run must
 #: stay within ERR_FACTOR of eager float32's own drift. (Measured: max relative loss
 #: difference to eager 1.7e-7 over 30 steps; eager's drift from float64 8.3e-7.)
