@@ -157,12 +157,15 @@ def training_memory() -> list[tuple[str, Table]]:
 
 
 def memory_geomeans() -> tuple[Table, dict]:
-    t = [t for t in tables(result("memory.md")) if "lort peak MiB" in t.header][-1]
+    # The suite's full run (the table with the most models), not a later re-run of a few.
+    t = max((t for t in tables(result("memory.md")) if "lort peak MiB" in t.header), key=lambda t: len(t.rows))
     geo = {}
     for line in t.after:
+        if line.startswith(("#", "|")):  # the next section or table: its geomeans are not this table's
+            break
         m = re.match(r"- (peak|steady): geomean lort / (eager|inductor) ([\d.]+)", line)
         if m:
-            geo[(m.group(1), m.group(2))] = float(m.group(3))
+            geo.setdefault((m.group(1), m.group(2)), float(m.group(3)))
     return t, geo
 
 
