@@ -410,6 +410,31 @@ def test_optimizer_on_original_parameters_trains_like_eager():
     assert len(om.transition_manager.captures) == 1
 
 
+@pytest.mark.parametrize("options", [{}, {"mode": "debug"}], ids=["ort", "debug"])
+@pytest.mark.parametrize("outer", ["lort", "eager"])
+def test_torch_compile_around_an_ortmodule_runs_it_as_one_step(outer, options):
+    """torch.compile of an ORTModule (not called before) failed deep in Dynamo's code
+    generation: Dynamo traced lort's transition manager. The ORTModule now runs as one step
+    outside the outer graph, compiled by itself, and trains like eager."""
+    torch.manual_seed(11)
+    model = Masked()
+    eager = copy.deepcopy(model)
+    om = ORTModule(model)
+    compiled = torch.compile(om, backend=outer, **({"options": options} if outer == "lort" else {}))
+    opt_o = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    ids, mask, labels = _ids(batch=4)
+    for _ in range(3):
+        for m, opt in ((compiled, opt_o), (eager, opt_e)):
+            opt.zero_grad()
+            loss = m(ids, mask, labels)["loss"]
+            loss.backward()
+            opt.step()
+        torch.testing.assert_close(model.head.weight, eager.head.weight, rtol=1e-4, atol=1e-5)
+    assert len(om.transition_manager.captures) == 1  # the ORTModule captured its module itself
+    assert any(r.ort_nodes for r in om.transition_manager.records)
+
+
 def test_to_pickle_and_deepcopy():
     torch.manual_seed(12)
     om, eager, ref = triple(Masked())

@@ -169,6 +169,10 @@ class TransitionManager(recapture.SizePolicy):
     _pending_reason: str | None = None
 
     # -- a call ----------------------------------------------------------------------
+    # An ORTModule compiles its module itself: under an outer torch.compile (of the wrapper
+    # or of code that calls it) Dynamo would trace this manager and fail deep in its own
+    # code generation; the call runs as one step outside the outer graph instead.
+    @torch.compiler.disable
     def __call__(self, args: tuple, kwargs: dict) -> Any:
         if self.lane is not None and not kwargs:  # direct inference's steady state
             out = self.lane(args)
