@@ -180,6 +180,16 @@ def label_bars(ax, bars, fmt="{:.2f}x", size=10):
                     fontsize=size, xytext=(0, 2), textcoords="offset points")
 
 
+def save(fig, path: str, lines: list[str], size: float, bottom: tuple[float, float], top: float, dpi: int) -> str:
+    """The footer ``lines`` (the sources), the layout above them (``bottom``: the margin's
+    base and its height per source line), the PNG at ``path``; returns ``path``."""
+    footer(fig, lines, size=size)
+    fig.tight_layout(rect=(0, bottom[0] + bottom[1] * (len(lines) - 1), 1, top))
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def footer(fig, lines: list[str], size=8.5) -> None:
     fig.text(0.01, 0.005, "\n".join(lines), ha="left", va="bottom", fontsize=size, color="#444444", wrap=True)
 
@@ -253,12 +263,9 @@ def headline(out: str) -> str:
     bx.set_ylim(0, max(v for v in mem_lort + mem_inductor if v) * 1.15)
     fig.suptitle("lort on CPU against eager PyTorch and inductor (torch.compile)", fontsize=15)
     sources = list(dict.fromkeys(sources))
-    footer(fig, ["Sources (date, machine, command as written above each table):", *sources], size=8)
-    fig.tight_layout(rect=(0, 0.03 + 0.022 * len(sources), 1, 0.96))
-    path = os.path.join(out, "headline.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    sources = ["Sources (date, machine, command as written above each table):", *sources]
+    return save(fig, os.path.join(out, "headline.png"), sources,
+                size=8, bottom=(0.03, 0.022), top=0.96, dpi=110)
 
 
 def speed_chart(out: str) -> str:
@@ -281,12 +288,8 @@ def speed_chart(out: str) -> str:
         top = max(number(t.get(r, c)) or 0 for r in rows for c in ("lort vs eager", "lort vs inductor"))
         ax.set_ylim(0, top * 1.18)
         sources.append(f"{scenario}: {t.source()}")
-    footer(fig, ["Sources:", *sources], size=8.5)
-    fig.tight_layout(rect=(0, 0.02 + 0.012 * len(sources), 1, 1))
-    path = os.path.join(out, "speed.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, os.path.join(out, "speed.png"), ["Sources:", *sources],
+                size=8.5, bottom=(0.02, 0.012), top=1, dpi=100)
 
 
 def training_chart(out: str) -> str:
@@ -306,12 +309,8 @@ def training_chart(out: str) -> str:
     ax.set_title("Training steps, lort with executor=\"auto\" (engines ort, pytorch, inductor)", fontsize=13)
     ax.legend(fontsize=10, loc="upper right")
     sources = list(dict.fromkeys(t.source() for t, _ in rows))
-    footer(fig, ["Sources:", *sources], size=8.5)
-    fig.tight_layout(rect=(0, 0.03 + 0.03 * len(sources), 1, 1))
-    path = os.path.join(out, "training.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, os.path.join(out, "training.png"), ["Sources:", *sources],
+                size=8.5, bottom=(0.03, 0.03), top=1, dpi=100)
 
 
 def memory_chart(out: str) -> str:
@@ -349,12 +348,8 @@ def memory_chart(out: str) -> str:
                      fontsize=12)
         bx.legend(fontsize=10, loc="upper right")
     sources = [mt.source()] + ([scale[0].source()] if scale else [])
-    footer(fig, ["Sources:", *sources], size=8.5)
-    fig.tight_layout(rect=(0, 0.02 + 0.018 * len(sources), 1, 1))
-    path = os.path.join(out, "memory.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(fig, os.path.join(out, "memory.png"), ["Sources:", *sources],
+                size=8.5, bottom=(0.02, 0.018), top=1, dpi=100)
 
 
 def main(argv=None) -> int:
