@@ -112,6 +112,10 @@ class LortBackend:
                 self._settled_by_groups(own, settled, cache, choice_key)
         if inductor:
             compiled = self._with_inductor(gm, example_inputs, compiled, own, cache, choice_key, choice)
+        elif timed and "inductor" in self.options.engines:  # asked for, but no candidate: explain says why
+            why = engines.wants_inductor(self.options, example_inputs)
+            for record in own:
+                record.engine_notes.append(f"no inductor candidate: {why}")
         # Dynamo keeps what a backend returns for good: the graph's sessions and frozen
         # weights go when the module whose weights it reads is collected.
         for owner in weights_mod.owners(gm):

@@ -225,6 +225,23 @@ def test_inductor_code_that_fails_its_timing_is_dropped_and_explain_says_why(dat
     assert len(warned) == 1, warned
 
 
+def test_a_graph_with_symbolic_sizes_gets_no_inductor_candidate_and_explain_says_why(data):
+    """Inductor's engine takes static shapes for now: a dynamic graph is chosen between
+    lort's graph and eager PyTorch, and explain names the reason."""
+    x, _ = data
+    model = Net().eval()
+    backend = LortBackend(AUTO)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for rows in (16, 9):
+            torch.testing.assert_close(compiled(x[:rows]), model(x[:rows]), rtol=1e-4, atol=1e-5)
+    assert backend.switches == []
+    notes = [n for r in backend.records for n in r.engine_notes]
+    assert notes and all(n == "no inductor candidate: the graph has symbolic sizes (inductor's engine takes "
+                         "static shapes for now)" for n in notes), notes
+    assert "no inductor candidate: the graph has symbolic sizes" in str(lort.ExplainReport(backend.records))
+
+
 def test_engines_option_errors_and_leaving_inductor_out(data, monkeypatch):
     for bad in ("inductor", ("ort",), ("ort", "pytorch", "tvm"), ("ort", "ort", "pytorch")):
         with pytest.raises(ValueError, match="engines=.* must be a list of engines from"):
