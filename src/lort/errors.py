@@ -52,3 +52,10 @@ class CaptureError(LortError):
 class OpaqueFunctionError(LortError):
     """An autograd.Function run opaquely misbehaved (e.g. its outputs at run time differ
     from those seen at capture time)."""
+
+
+def one_line(error: BaseException, limit: int = 300) -> str:
+    """``error`` as one line for a log or a report: its type and its message's first line
+    (at most ``limit`` characters)."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:limit] if text else ''}"

@@ -34,6 +34,7 @@ import torch
 import torch.fx
 
 from ..diagnostics.records import CLOSE_CALL, GraphRecord
+from ..errors import one_line
 from ..reasons import Placement
 from . import inductor_compat
 from .tuner import Tuner
@@ -50,16 +51,11 @@ def inductor_broken() -> str | None:
     return _state["broken"]
 
 
-def _error_text(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
-
-
 def _mark_broken(error: BaseException) -> None:
     with _state_lock:
         if _state["broken"] is not None:
             return
-        _state["broken"] = _error_text(error)
+        _state["broken"] = one_line(error)
     msg = (f"lort: inductor could not compile a graph ({_state['broken'][:300]}); executor='auto' chooses between "
            "lort's ORT groups and eager PyTorch only in this process. Options(engines=('ort', 'pytorch')) leaves "
            "inductor out without trying")
@@ -113,7 +109,7 @@ class EngineSwitch:
             self._job = inductor_compat.start(gm, inputs)
         except Exception as e:  # noqa: BLE001 - inductor left out, the graph runs as it did
             _mark_broken(e)
-            self._note(f"inductor could not trace it ({_error_text(e)[:300]})")
+            self._note(f"inductor could not trace it ({one_line(e)})")
             return False
         finally:
             self.trace_s = time.perf_counter() - start
@@ -154,7 +150,7 @@ class EngineSwitch:
             inductor = job.result()
         except Exception as e:  # noqa: BLE001 - the subprocess's compile failed
             _mark_broken(e)
-            self._note(f"inductor could not compile it ({_error_text(e)[:300]})")
+            self._note(f"inductor could not compile it ({one_line(e)})")
             return self._keep(running, current)
         if self._decided == "inductor":
             return self._take_inductor(inductor, self._times, cached=True, compile_s=self.compile_s)

@@ -35,6 +35,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..diagnostics.records import close_call
+from ..errors import one_line
 from ..options import Options
 from ..reasons import Placement, ReasonKind
 from ..runtime import cuda
@@ -259,8 +260,7 @@ class Tuner:
             with timing_runs():
                 return self._time_graph(candidates, example_inputs, train, device, give_up_s)
         except Exception as e:  # noqa: BLE001 - a timing failure must not fail compilation
-            text = str(e).strip()
-            self.timing_failure = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
+            self.timing_failure = one_line(e)
             logger.info("lort: whole-graph timing of %s failed (%s)", ", ".join(candidates), self.timing_failure)
             return None
         finally:
