@@ -53,4 +53,4 @@ conformance: native
 	$(PY) -m benchmarks conformance
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info docs/_build
+	rm -rf $(VENV) build *.egg-info src/*.egg-info docs/_build docs/_generated
