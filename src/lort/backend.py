@@ -56,7 +56,8 @@ class LortBackend:
         cache = disk_cache.for_options(self.options) if timed else None
         choice_key = disk_cache.inputs_key(gm, example_inputs, self.options, "graph executor") if cache else None
         choice = cache.load_record(choice_key) if cache else None
-        inductor = timed and engines.wants_inductor(self.options, example_inputs) is None
+        no_inductor = engines.wants_inductor(self.options, example_inputs) if timed else None
+        inductor = timed and no_inductor is None
         if choice and choice.get("executor") == "inductor" and not inductor:
             choice = None  # inductor cannot run here now: chosen again among the others
         if choice and choice.get("executor") in ("pytorch", "inductor"):
@@ -113,9 +114,8 @@ class LortBackend:
         if inductor:
             compiled = self._with_inductor(gm, example_inputs, compiled, own, cache, choice_key, choice)
         elif timed and "inductor" in self.options.engines:  # asked for, but no candidate: explain says why
-            why = engines.wants_inductor(self.options, example_inputs)
             for record in own:
-                record.engine_notes.append(f"no inductor candidate: {why}")
+                record.engine_notes.append(f"no inductor candidate: {no_inductor}")
         # Dynamo keeps what a backend returns for good: the graph's sessions and frozen
         # weights go when the module whose weights it reads is collected.
         for owner in weights_mod.owners(gm):
