@@ -208,6 +208,20 @@ def grouped(ax, labels, series, colors, fmt="{:.2f}x", size=10):
     ax.set_xticklabels(labels)
 
 
+def ratios(ax, labels, series, colors, *, ylabel, title, legend, headroom, size=10, title_size=13,
+           ylabel_size=None, legend_size=10, tick_size=None):
+    """Grouped bars of ratios (``grouped``) with the 1.0 reference line, the y axis from 0
+    to ``headroom`` times the largest bar, and the panel's labels and legend."""
+    grouped(ax, labels, series, colors, size=size)
+    ax.axhline(1.0, color="black", lw=1, ls="--")
+    ax.set_ylim(0, max(v for vs in series.values() for v in vs if v) * headroom)
+    ax.set_ylabel(ylabel, **({"fontsize": ylabel_size} if ylabel_size else {}))
+    ax.set_title(title, fontsize=title_size)
+    ax.legend(fontsize=legend_size, loc=legend)
+    if tick_size:
+        ax.tick_params(axis="x", labelsize=tick_size)
+
+
 def headline(out: str) -> str:
     speed = speed_tables()
     train = training_rows()
@@ -247,20 +261,13 @@ def headline(out: str) -> str:
     sources.append(f"memory: {mt.source()}")
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(15, 7.4), gridspec_kw={"width_ratios": [3, 2]})
-    grouped(ax, labels, {"lort vs eager": vs_eager, "lort vs inductor": vs_inductor}, [LORT, INDUCTOR], size=10.5)
-    ax.axhline(1.0, color="black", lw=1, ls="--")
-    ax.set_ylabel("speed-up (time of the other / lort's time)", fontsize=11)
-    ax.set_title("Speed: above 1 = lort faster", fontsize=13)
-    ax.legend(fontsize=11, loc="upper right")
-    ax.tick_params(axis="x", labelsize=9.5)
-    ax.set_ylim(0, max(v for v in vs_eager + vs_inductor if v) * 1.15)
-    grouped(bx, mem_labels, {"lort": mem_lort, "inductor": mem_inductor}, [LORT, INDUCTOR], size=10.5)
-    bx.axhline(1.0, color="black", lw=1, ls="--")
-    bx.set_ylabel("peak memory / eager's peak", fontsize=11)
-    bx.set_title("Memory: below 1 = less than eager", fontsize=13)
-    bx.legend(fontsize=11, loc="upper left")
-    bx.tick_params(axis="x", labelsize=9.5)
-    bx.set_ylim(0, max(v for v in mem_lort + mem_inductor if v) * 1.15)
+    panel = {"headroom": 1.15, "size": 10.5, "ylabel_size": 11, "legend_size": 11, "tick_size": 9.5}
+    ratios(ax, labels, {"lort vs eager": vs_eager, "lort vs inductor": vs_inductor}, [LORT, INDUCTOR],
+           ylabel="speed-up (time of the other / lort's time)", title="Speed: above 1 = lort faster",
+           legend="upper right", **panel)
+    ratios(bx, mem_labels, {"lort": mem_lort, "inductor": mem_inductor}, [LORT, INDUCTOR],
+           ylabel="peak memory / eager's peak", title="Memory: below 1 = less than eager", legend="upper left",
+           **panel)
     fig.suptitle("lort on CPU against eager PyTorch and inductor (torch.compile)", fontsize=15)
     sources = list(dict.fromkeys(sources))
     sources = ["Sources (date, machine, command as written above each table):", *sources]
@@ -276,17 +283,11 @@ def speed_chart(out: str) -> str:
     for ax, scenario in zip(axes, scenarios):
         t, rows, _ = speed[scenario]
         models = [t.get(r, "model") for r in rows]
-        grouped(ax, models, {"lort vs eager": [number(t.get(r, "lort vs eager")) for r in rows],
-                             "lort vs inductor": [number(t.get(r, "lort vs inductor")) for r in rows]},
-                [LORT, INDUCTOR], size=9)
-        ax.axhline(1.0, color="black", lw=1, ls="--")
-        ax.set_title(f"{SCENARIO_TEXT[scenario]} ({t.date()}): torch.compile(backend=\"lort\"), above 1 = lort faster",
-                     fontsize=12)
-        ax.set_ylabel("speed-up")
-        ax.tick_params(axis="x", labelsize=10.5)
-        ax.legend(fontsize=10, loc="upper right")
-        top = max(number(t.get(r, c)) or 0 for r in rows for c in ("lort vs eager", "lort vs inductor"))
-        ax.set_ylim(0, top * 1.18)
+        ratios(ax, models, {"lort vs eager": [number(t.get(r, "lort vs eager")) for r in rows],
+                            "lort vs inductor": [number(t.get(r, "lort vs inductor")) for r in rows]},
+               [LORT, INDUCTOR], ylabel="speed-up", legend="upper right", headroom=1.18, size=9, title_size=12,
+               tick_size=10.5,
+               title=f"{SCENARIO_TEXT[scenario]} ({t.date()}): torch.compile(backend=\"lort\"), above 1 = lort faster")
         sources.append(f"{scenario}: {t.source()}")
     return save(fig, os.path.join(out, "speed.png"), ["Sources:", *sources],
                 size=8.5, bottom=(0.02, 0.012), top=1, dpi=100)
@@ -302,12 +303,9 @@ def training_chart(out: str) -> str:
               "lort vs inductor": [number(t.get(r, "lort vs inductor")) for t, r in rows],
               "inductor vs eager": [number(t.get(r, "inductor vs eager")) for t, r in rows]}
     fig, ax = plt.subplots(figsize=(12, 6.2))
-    grouped(ax, labels, series, [LORT, INDUCTOR, EAGER], size=10)
-    ax.axhline(1.0, color="black", lw=1, ls="--")
-    ax.set_ylim(0, max(v for vs in series.values() for v in vs if v) * 1.2)
-    ax.set_ylabel("speed-up of a training step (median of rounds)")
-    ax.set_title("Training steps, lort with executor=\"auto\" (engines ort, pytorch, inductor)", fontsize=13)
-    ax.legend(fontsize=10, loc="upper right")
+    ratios(ax, labels, series, [LORT, INDUCTOR, EAGER], ylabel="speed-up of a training step (median of rounds)",
+           title="Training steps, lort with executor=\"auto\" (engines ort, pytorch, inductor)",
+           legend="upper right", headroom=1.2)
     sources = list(dict.fromkeys(t.source() for t, _ in rows))
     return save(fig, os.path.join(out, "training.png"), ["Sources:", *sources],
                 size=8.5, bottom=(0.03, 0.03), top=1, dpi=100)
@@ -339,14 +337,11 @@ def memory_chart(out: str) -> str:
         for b in per:
             per[b].append(number(t.get(rows[b], "peak / eager's")) if b in rows else None)
     if cases:
-        grouped(bx, cases, {"inductor": per["inductor"], "lort (torch.compile)": per["lort"],
-                            "lort.ORTModule": per["ortmodule"]}, [INDUCTOR, LORT, MODULE], size=9.5)
-        bx.axhline(1.0, color="black", lw=1, ls="--")
-        bx.set_ylim(0, max(v for vs in per.values() for v in vs if v) * 1.2)
-        bx.set_ylabel("first call's peak RSS / eager's")
-        bx.set_title(f"Real sizes: the first call's peak against eager's ({scale[0].date()}; below 1 = less)",
-                     fontsize=12)
-        bx.legend(fontsize=10, loc="upper right")
+        ratios(bx, cases, {"inductor": per["inductor"], "lort (torch.compile)": per["lort"],
+                           "lort.ORTModule": per["ortmodule"]}, [INDUCTOR, LORT, MODULE],
+               ylabel="first call's peak RSS / eager's", legend="upper right", headroom=1.2, size=9.5,
+               title_size=12,
+               title=f"Real sizes: the first call's peak against eager's ({scale[0].date()}; below 1 = less)")
     sources = [mt.source()] + ([scale[0].source()] if scale else [])
     return save(fig, os.path.join(out, "memory.png"), ["Sources:", *sources],
                 size=8.5, bottom=(0.02, 0.018), top=1, dpi=100)
