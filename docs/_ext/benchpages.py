@@ -2,11 +2,12 @@
 
 The files stay where the benchmark suites write them (``benchmarks/results/*.md``,
 ``benchmarks/studies/*.md``, charts in ``benchmarks/results/charts/``). When the build
-starts, each is copied unchanged into ``docs/_generated/`` as a page of its own, except
-for its links: a link to another copied page stays a link, a link to a chart is pointed
+starts, each is copied into ``docs/_generated/`` as a page of its own, unchanged but for
+its heading levels (made consecutive, ``_headings``) and its links: a link to another copied page stays a link, a link to a chart is pointed
 at the copied chart, and a link to any other repository file (a script, a file not in
 the site) becomes that file's repository path as literal text. ``_generated/charts.md``
-shows the charts that exist (copied to ``_generated/charts/``), or says they are absent. Nothing in a table or its text is changed.
+shows the charts that exist (copied to ``_generated/charts/``), or says they are absent.
+Nothing in a table or in the text's words is changed.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _headings(text: str, title: str) -> str:
         m = None if fence else re.match(r"(#{1,6}) ", line)
         if m:
             level = len(m.group(1))
-            while stack and stack[-1] >= level and len(stack) > 0:
+            while stack and stack[-1] >= level:
                 stack.pop()
             new = min(level, len(stack) + 1)
             stack.append(level)
