@@ -3,7 +3,8 @@ table, the command that produced a results file, sections of a results file rewr
 place, the geometric mean of ratios, and where results go (benchmarks/results/).
 
 Suites import it by module name (their folder is on sys.path: ``python -m benchmarks
-SUITE`` runs ``benchmarks/SUITE.py``); studies insert benchmarks/ on sys.path first.
+SUITE`` runs the suite's script in benchmarks/, ``speed`` run.py for example, as listed by
+``--list``); studies insert benchmarks/ on sys.path first.
 """
 
 from __future__ import annotations
