@@ -15,9 +15,15 @@ asserts; stderr is not captured, so ORT's own message before an abort shows.
 - ``release``: 'vit' forward and backward, then the model dropped (lort releases its
   sessions): the process aborted inside that release. Each stage is printed before it
   runs, with a device synchronize between stages. It passed in the second GPU run: the
-  synchronizes let ORT's end-of-run host function run before the sessions were freed,
-  the cause of the abort (runtime/cuda.py: drain); tests/cuda/test_cuda.py's
-  test_model_dropped_while_its_last_run_is_queued is the failing case.
+  synchronizes let ORT's end-of-run host function run before the sessions were freed.
+  The drain lort then added (runtime/cuda.py: drain) did not end the abort (third run);
+  tests/cuda/test_cuda.py's test_model_dropped_while_its_last_run_is_queued is the
+  failing case.
+- ``pinned``: what Options.cuda_pinned_memory="process" (one pinned allocator in ORT's
+  environment, no arena) costs and whether it ends the abort: for each setting, a fresh
+  process times BERT and GPT-2 (lort.testing.models.CUDA_CASES) at batch 1 inference and
+  batch 32 training through lort, then drops each model right after a call queued behind
+  long matmuls, three times, and says whether it got through.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(_HERE, "..", "tests", "models"))  # test_models
+sys.path.insert(0, _HERE)  # run.py, timing.py
 
 
 def _stage(text: str) -> None:
@@ -160,18 +168,92 @@ def release(name: str, device: str) -> None:
     _stage("done")
 
 
+def pinned(device: str, models: str | None, calls: int) -> None:
+    import subprocess
+
+    for setting in ("session", "process"):
+        _stage(f"cuda_pinned_memory={setting!r}, a fresh process")
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "pinned_child", "--setting", setting,
+                               "--device", device, "--calls", str(calls)] + (["--model", models] if models else []),
+                              text=True)
+        print(f"cuda_pinned_memory={setting!r}: exit status {proc.returncode}"
+              f"{' (aborted)' if proc.returncode in (-6, 134) else ''}", flush=True)
+
+
+def pinned_child(setting: str, device: str, models: str | None, calls: int) -> None:
+    import statistics
+    import time
+
+    import lort
+    from lort.testing.models import CUDA_CASES, output_tensor
+    from run import CUDA_SCENARIOS
+
+    big = torch.randn(4096, 4096, device=device) / 64
+    for name in (models or "bert,gpt2").split(","):
+        for scenario in ("infer1", "train32"):
+            torch._dynamo.reset()
+            kind, batch = CUDA_SCENARIOS[scenario]
+            model, args = CUDA_CASES[name].make(batch, seed=0)
+            model, args = model.to(device), tuple(a.to(device) for a in args)
+            if kind == "inference":
+                model.eval()
+            fn = torch.compile(model, backend=lort.LortBackend({"cuda_pinned_memory": setting}))
+            params = [p for p in model.parameters() if p.requires_grad]
+
+            def step(args=args):
+                if kind == "inference":
+                    with torch.no_grad():
+                        return fn(*args)
+                for p in params:
+                    p.grad = None
+                out = output_tensor(fn(*args))
+                out.float().pow(2).mean().backward()
+                return out
+
+            for _ in range(3):
+                step()
+            samples = []
+            for _ in range(7):
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    step()
+                _sync(device)
+                samples.append((time.perf_counter() - t0) / calls * 1e3)
+            print(f"{name} {scenario} [{setting}]: {statistics.median(samples):.3f} ms "
+                  f"(min {min(samples):.3f}, max {max(samples):.3f})", flush=True)
+            y = big
+            for _ in range(6):
+                y = torch.tanh(y @ big)
+            step()  # its ORT runs wait on the matmuls (lort's stream follows the current one by events)
+            del fn, model, step
+            gc.collect()
+            print(f"{name} {scenario} [{setting}]: dropped right after a queued call", flush=True)
+    torch._dynamo.reset()
+    gc.collect()
+    _sync(device)
+    print(f"[{setting}] released", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["precision", "by_op", "release"])
-    ap.add_argument("--model", default=None, help="default: transformer (precision), vit (release)")
+    ap.add_argument("what", choices=["precision", "by_op", "release", "pinned", "pinned_child"])
+    ap.add_argument("--setting", default="session", help="pinned_child: Options.cuda_pinned_memory")
+    ap.add_argument("--calls", type=int, default=20, help="pinned: calls per timed sample (7 samples)")
+    ap.add_argument("--model", default=None,
+                    help="default: transformer (precision), vit (release), bert,gpt2 (pinned)")
     ap.add_argument("--device", default="cuda", help="cuda (what it is for), or cpu to try the script")
     a = ap.parse_args()
     if a.what == "precision":
         precision(a.model or "transformer", a.device)
     elif a.what == "by_op":
         by_op(a.model or "transformer", a.device)
-    else:
+    elif a.what == "release":
         release(a.model or "vit", a.device)
+    elif a.what == "pinned":
+        pinned(a.device, a.model, a.calls)
+    else:
+        pinned_child(a.setting, a.device, a.model, a.calls)
     return 0
 
 

@@ -18,9 +18,8 @@
 #     (no carry)           MODELS=llama,vit_s16 bash benchmarks/gpu_run.sh bench
 #     (no carry)           MODELS=resnet50 bash benchmarks/gpu_run.sh bench
 #     (no carry)           bash benchmarks/gpu_run.sh memory
-#     (no carry)           BACKENDS=lort LORT_OPTIONS='{"share_cuda_arena": true}' bash benchmarks/gpu_run.sh memory
-#                          (one arena per device instead of per session: the default once its
-#                          test, test_one_cuda_arena_per_device_matches_eager, passes on a GPU)
+#     (no carry)           BACKENDS=lort LORT_OPTIONS='{"share_cuda_arena": false}' bash benchmarks/gpu_run.sh memory
+#                          (an arena per session, as before share_cuda_arena became the default)
 #     (no carry)           BACKENDS=lort LORT_OPTIONS='{"providers": [["CUDAExecutionProvider",
 #                          {"arena_extend_strategy": "kSameAsRequested"}], "CPUExecutionProvider"]}' ... memory
 #                          (per-session arenas that grow by what is asked, not by doubling)
@@ -32,7 +31,9 @@
 # reached), memory for bert 46 s. So: pieces, `install tests diagnose`, then bench and
 # memory for the models most wanted, each call right after the last. A second H200
 # session: `install tests diagnose` 161 s (tests 95 s), PROFILE=0 bench of gpt2,vit_s16
-# 205 s, of llama infer1,infer32 about 90 s, memory for bert,gpt2 95 s.
+# 205 s, of llama infer1,infer32 about 90 s, memory for bert,gpt2 95 s. A third (2026-11-27):
+# `install tests diagnose` 179 s (tests 113 s; diagnose failed at once on a moved import),
+# PROFILE=0 bench of bert,gpt2 289 s, memory for bert,gpt2 164 s.
 #
 # Each call must follow the last within the machine's warm time (30 s idle) or the machine is
 # a fresh one: /tmp/site is gone and the pieces must be sent again ("install" says so).
@@ -97,6 +98,15 @@ step_plan() {
   fi
   git check-ignore -q .gpu/last || { echo ".gpu is not git-ignored: it would travel with every call" >&2; exit 2; }
   [ -f .gpu/last/install.sh ] || { echo ".gpu/last/install.sh missing: run ../shared/gpu/prepare.sh again" >&2; exit 2; }
+  # A call carries the checkout's files beside the piece, 64 MiB in all: pieces of more
+  # than 45 MiB (prepare.sh cuts 62 MiB) are cut again into 45 MiB ones, in order.
+  if [ -n "$(find .gpu -maxdepth 2 -path '.gpu/c*/cuda.part.*' -size +46080k)" ]; then
+    echo "cutting the pieces to 45 MiB (the checkout travels with each)"
+    mkdir -p .gpu/recut && cat .gpu/c*/cuda.part.* > .gpu/recut/all && rm -rf .gpu/c[0-9]* \
+      && split -b 45M -d -a 1 .gpu/recut/all .gpu/recut/cuda.part. && rm .gpu/recut/all \
+      && for f in .gpu/recut/cuda.part.*; do mkdir -p ".gpu/c${f##*.}" && mv "$f" ".gpu/c${f##*.}/"; done \
+      && rmdir .gpu/recut || { echo "cutting the pieces failed: run ../shared/gpu/prepare.sh again" >&2; exit 2; }
+  fi
   echo "pieces (${ready#.gpu/ready-}):"; du -sh .gpu/c* .gpu/last
   echo
   echo "device run calls, in order, each right after the last:"
@@ -108,7 +118,8 @@ step_plan() {
   echo "  command: MODELS=llama,vit_s16 bash benchmarks/gpu_run.sh bench"
   echo "  command: MODELS=resnet50 bash benchmarks/gpu_run.sh bench"
   echo "  command: bash benchmarks/gpu_run.sh memory"
-  echo "  command: BACKENDS=lort LORT_OPTIONS='{\"share_cuda_arena\": true}' bash benchmarks/gpu_run.sh memory"
+  echo "  command: BACKENDS=lort LORT_OPTIONS='{\"cuda_pinned_memory\": \"process\"}' bash benchmarks/gpu_run.sh memory"
+  echo "  command: BACKENDS=lort LORT_OPTIONS='{\"share_cuda_arena\": false}' bash benchmarks/gpu_run.sh memory"
   echo "  command: BACKENDS=lort LORT_OPTIONS='{\"executor\": \"ort\"}' bash benchmarks/gpu_run.sh memory"
   echo "  command: BACKENDS=lort LORT_OPTIONS='{\"providers\": [[\"CUDAExecutionProvider\", {\"arena_extend_strategy\": \"kSameAsRequested\"}], \"CPUExecutionProvider\"]}' bash benchmarks/gpu_run.sh memory"
 }
@@ -164,12 +175,14 @@ step_diagnose() {
   need_site
   # What tests/cuda/test_cuda.py left open on the H200 (2026-11-26): printed, stderr included
   # (by_op: the transformer's float32 gap, one ATen op at a time in ORT).
-  { timeout -s INT "${DIAGNOSE_TIMEOUT:-240}" python3 benchmarks/cuda_diagnose.py precision
+  # pinned first: whether Options.cuda_pinned_memory="process" ends the cudaFreeHost abort of
+  # the third run, and what it costs (BERT and GPT-2, both settings, fresh processes).
+  { timeout -s INT "${DIAGNOSE_TIMEOUT:-240}" python3 benchmarks/cuda_diagnose.py pinned
+    echo "pinned exit status $?"
+    timeout -s INT "${DIAGNOSE_TIMEOUT:-240}" python3 benchmarks/cuda_diagnose.py precision
     echo "precision exit status $?"
     timeout -s INT "${DIAGNOSE_TIMEOUT:-240}" python3 benchmarks/cuda_diagnose.py by_op
     echo "by_op exit status $?"
-    timeout -s INT "${DIAGNOSE_TIMEOUT:-240}" python3 benchmarks/cuda_diagnose.py release
-    echo "release exit status $? (134: aborted)"
   } 2>&1 | grep -v "No registered plugin EP device" | tee "$OUT/diagnose.log"
 }
 
