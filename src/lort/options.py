@@ -26,6 +26,7 @@ ENV_FREEZE = "LORT_FREEZE"
 ENV_FREEZE_MAX_MB = "LORT_FREEZE_MAX_MB"
 ENV_ENGINES = "LORT_ENGINES"
 FREEZE_MODES = ("auto", True, False)
+CUDA_PINNED_MEMORY = ("session", "process")
 
 
 def _env_freeze() -> "str | bool":
@@ -154,10 +155,24 @@ class Options:
     #: ``True``.
     share_cpu_arena: bool = True
     #: Every lort session on a CUDA device allocates from one ORT arena per device,
-    #: instead of an arena per session. Off by default: not yet measured on a GPU; on an
-    #: H200, BERT's training with an arena per session peaked 5.2 GB outside PyTorch's
-    #: allocator (benchmarks/results/cuda_memory.md). A bool; default ``False``.
-    share_cuda_arena: bool = False
+    #: instead of an arena per session. On an H200 it took BERT's 10 training steps from
+    #: a 9,180 MiB peak to 5,616 MiB (benchmarks/results/cuda_memory.md), and its test
+    #: matched eager on two GPU runs. A bool; default ``True``.
+    share_cuda_arena: bool = True
+    #: Who owns the pinned host memory lort's CUDA sessions copy small host arrays from.
+    #: ``"session"``: ORT's pinned arena of each session (ORT's own default). A session
+    #: freed while its stream still holds ORT's end-of-run host function can leave that
+    #: function the arena's last owner, and ORT then aborts the process (CUDA error 800,
+    #: ``cudaFreeHost``): seen on an H200 when a dropped model released its sessions
+    #: (benchmarks/results/cuda.md, third run). ``"process"``: one pinned allocator per
+    #: device in ORT's environment, never freed, which no host function can own last;
+    #: ORT then frees each run's pinned buffers after a stream synchronize, not an
+    #: arena. Not yet measured on a GPU (its speed or whether it ends the abort), so it
+    #: is opt-in. Registered for the process: once a session asks for it, every later
+    #: lort CUDA session that uses ORT's environment allocators (``share_cpu_arena`` or
+    #: ``share_cuda_arena``, both on by default) takes it too. One of ``"session"``,
+    #: ``"process"``; default ``"session"``.
+    cuda_pinned_memory: str = "session"
     #: Write convolution_backward as convolutions so it runs in ORT. Off by default:
     #: slower than PyTorch's kernels on CPU (benchmarks/studies/conv_backward.md). A bool;
     #: default ``False``.
@@ -244,6 +259,10 @@ class Options:
                 "choose inductor too, ('ort', 'pytorch') leaves it out (env LORT_ENGINES=ort,pytorch)"
             )
         object.__setattr__(self, "engines", tuple(engines))
+        if self.cuda_pinned_memory not in CUDA_PINNED_MEMORY:
+            raise ValueError(
+                f"lort option cuda_pinned_memory={self.cuda_pinned_memory!r} is not one of {CUDA_PINNED_MEMORY}"
+            )
         if self.graph_optimization_level not in OPTIMIZATION_LEVELS:
             raise ValueError(
                 f"lort option graph_optimization_level={self.graph_optimization_level!r} "

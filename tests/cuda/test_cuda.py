@@ -297,7 +297,8 @@ from lort.testing.models import output_tensor
 model, args = make("vit", seed=5, device="cuda")
 big = torch.randn(4096, 4096, device="cuda") / 64
 for round in range(3):
-    cm = torch.compile(copy.deepcopy(model), backend="lort")
+    cm = torch.compile(copy.deepcopy(model), backend="lort",
+                       options={"cuda_pinned_memory": os.environ["LORT_PINNED"]})
     loss_of(output_tensor(cm(*args))).backward()  # compiles and runs forward and backward
     y = big
     for _ in range(6):
@@ -313,20 +314,26 @@ print("released", flush=True)
 """
 
 
-def test_model_dropped_while_its_last_run_is_queued():
+@pytest.mark.parametrize("pinned", ["session", "process"])
+def test_model_dropped_while_its_last_run_is_queued(pinned):
     """A model dropped right after a call whose ORT runs wait behind long GPU work: its
     sessions are freed while ORT's end-of-run host function (which frees the run's pinned
-    buffers and holds the session's pinned arena) is still queued. Before lort waited on
-    its stream first (runtime/cuda.py: drain), the arena's cudaFreeHost ran inside that
-    host function, CUDA refused it (error 800), and ORT's exception aborted the process
-    (on an H200, twice: a test's teardown and a benchmark). A child process, so an abort
-    fails this test instead of the run."""
+    buffers and holds the session's pinned arena) is still queued. CUDA refuses the
+    arena's cudaFreeHost inside that host function (error 800) and ORT's exception aborts
+    the process: on an H200, in a test's teardown and a benchmark (second run), and again
+    in this test and two more teardowns after lort drained its stream before freeing a
+    session (third run; likely because ORT's stream destructor, CudaStream::~CudaStream,
+    queues that host function itself while the session is being freed, after any drain).
+    ``pinned="process"`` (Options.cuda_pinned_memory) gives the
+    sessions one pinned allocator of ORT's environment, which no host function owns last.
+    A child process, so an abort fails this test instead of the run."""
     import os
     import subprocess
     import sys
 
     models = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
-    env = dict(os.environ, LORT_TESTS_DIR=models)  # the child imports tests/models/test_models.py
+    # the child imports tests/models/test_models.py
+    env = dict(os.environ, LORT_TESTS_DIR=models, LORT_PINNED=pinned)
     proc = subprocess.run([sys.executable, "-c", _RELEASE_WHILE_QUEUED], env=env, capture_output=True,
                           text=True, timeout=400)
     assert proc.returncode == 0 and "released" in proc.stdout, (

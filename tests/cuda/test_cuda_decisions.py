@@ -266,3 +266,56 @@ def test_a_session_that_ran_on_cuda_waits_for_its_stream_before_it_is_freed(monk
         del s
         gc.collect()
         assert drained == expected, (ran, cuda_order, drained)
+
+
+@pytest.mark.parametrize("pinned, arena, expected", [
+    ("session", False, None), ("process", False, "1"), ("session", True, "1"), ("process", True, "1")])
+def test_cuda_sessions_take_the_environments_allocators_only_where_asked(monkeypatch, pinned, arena, expected):
+    """Options.cuda_pinned_memory="process" registers one pinned host allocator per device
+    in ORT's environment (and share_cuda_arena one device arena) and builds the session
+    with ``session.use_env_allocators``; the default builds it with allocators of its own.
+    Checked on CPU with ORT's session and provider list stood in for (what ORT then does
+    with the allocators needs a GPU: tests/cuda/test_cuda.py)."""
+    from lort.options import Options
+    from lort.runtime import providers, session
+
+    registered, built = [], []
+    monkeypatch.setattr(session, "_shared_cuda_pinned", lambda i: registered.append(("pinned", i)) or True)
+    monkeypatch.setattr(session, "_shared_cuda_arena", lambda i: registered.append(("arena", i)) or True)
+    monkeypatch.setattr(providers, "for_device", lambda *a: ["CPUExecutionProvider"])
+
+    class FakeSession:
+        def __init__(self, model, sess_options, providers):
+            try:
+                built.append(sess_options.get_session_config_entry("session.use_env_allocators"))
+            except RuntimeError:  # ORT's answer for a key never set
+                built.append(None)
+
+        def disable_fallback(self):
+            pass
+
+    monkeypatch.setattr(session.ort, "InferenceSession", FakeSession)
+    # share_cpu_arena off: it asks for the environment's allocators by itself
+    options = Options(cuda_pinned_memory=pinned, share_cuda_arena=arena, share_cpu_arena=False)
+    session.create_session(b"", torch.device("cuda", 1), options, "g", None, count=False)
+    assert built == [expected]
+    assert registered == [("arena", 1)] * arena + [("pinned", 1)] * (pinned == "process")
+
+
+def test_cuda_pinned_memory_takes_session_or_process_and_a_cpu_build_registers_none(caplog):
+    """A wrong value names the allowed ones; on onnxruntime's CPU build ORT refuses a CUDA
+    pinned allocator, and lort says so at INFO and keeps each session's own."""
+    import logging
+
+    from lort.options import Options
+    from lort.runtime import memory
+
+    with pytest.raises(ValueError, match=r"cuda_pinned_memory='shared' is not one of \('session', 'process'\)"):
+        Options(cuda_pinned_memory="shared")
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("onnxruntime-gpu is installed: the registration is tested on a GPU (tests/cuda/test_cuda.py)")
+    memory._arenas.pop("cuda_pinned:0", None)
+    with caplog.at_level(logging.INFO, logger="lort"):
+        assert memory._shared_cuda_pinned(0) is False
+    assert "no shared CUDA pinned (device 0) arena" in caplog.text
+    memory._arenas.pop("cuda_pinned:0", None)

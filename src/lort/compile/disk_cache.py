@@ -112,6 +112,7 @@ def _options_key(options: Options) -> tuple:
         options.allow_spinning,
         options.share_cpu_arena,
         options.share_cuda_arena,
+        options.cuda_pinned_memory,
         options.freeze,
         options.engines if options.executor == "auto" else (),
         torch.get_num_threads(),

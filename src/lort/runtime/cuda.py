@@ -175,7 +175,10 @@ def drain(index: int) -> None:
     error 800, and ORT's exception ends the process ("terminate called ...", seen on an
     H200 when a dropped model's sessions were released). Once the stream has run the
     host function, the session holds the last reference and frees the arena on the
-    thread that drops it. Skipped while the current stream is capturing a CUDA graph
+    thread that drops it. Not enough: the third GPU run aborted the same way with this
+    drain in place, likely because ORT's stream destructor queues the host function
+    again while the session is freed, after any drain (Options.cuda_pinned_memory=
+    "process" takes the arena away from the sessions; benchmarks/results/cuda.md). Skipped while the current stream is capturing a CUDA graph
     (a synchronize would break the capture)."""
     stream = _streams.get(index)
     if stream is None:

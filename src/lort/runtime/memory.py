@@ -1,6 +1,6 @@
 """Memory ORT holds for lort's sessions: the arenas sessions share (one CPU arena per
-process, Options.share_cpu_arena; one CUDA arena per device, Options.share_cuda_arena)
-and handing freed memory back to the system after compiling or releasing a graph."""
+process, Options.share_cpu_arena; one CUDA arena per device, Options.share_cuda_arena;
+one pinned host allocator per device, Options.cuda_pinned_memory) and handing freed memory back to the system after compiling or releasing a graph."""
 
 from __future__ import annotations
 
@@ -56,6 +56,22 @@ def _shared_cuda_arena(index: int) -> bool:
                                              ort.OrtArenaCfg(0, -1, -1, -1))
 
     return _register_once(f"cuda:{index}", f"CUDA (device {index})", register)
+
+
+def _shared_cuda_pinned(index: int) -> bool:
+    """Register, once per process and device, a CUDA pinned host allocator in ORT's
+    environment that sessions built with ``session.use_env_allocators`` use instead of a
+    pinned arena of their own (Options.cuda_pinned_memory="process"): ORT's environment
+    owns it until the process ends, so no end-of-run host function of a freed session
+    can hold it last. ``"CudaPinned"`` names ORT's host-accessible memory of an NVIDIA
+    device. False if ORT refused it (the CPU build has no CUDA allocator to register)."""
+
+    def register():
+        info = ort.OrtMemoryInfo("CudaPinned", ort.OrtAllocatorType.ORT_DEVICE_ALLOCATOR, index, ort.OrtMemType.CPU)
+        ort.create_and_register_allocator_v2("CUDAExecutionProvider", info, {"device_id": str(index)},
+                                             ort.OrtArenaCfg(0, -1, -1, -1))
+
+    return _register_once(f"cuda_pinned:{index}", f"CUDA pinned (device {index})", register)
 
 
 _shrinker: list = []  # the one tiny session that shrinks the shared arena, once made

@@ -21,7 +21,7 @@ from ..numpy_views import numpy_view
 from ..options import Options
 from ..ort_model import OnnxModel, model_bytes as _proto
 from . import cuda, providers
-from .memory import _shared_cpu_arena, _shared_cuda_arena
+from .memory import _shared_cpu_arena, _shared_cuda_arena, _shared_cuda_pinned
 from .dtypes import ELEMENT_TYPES
 
 logger = logging.getLogger("lort")
@@ -245,8 +245,14 @@ def create_session(
     """An ORT session of ``model``; its external initializers (an ``OnnxModel``'s frozen
     weights) are read from their tensors' memory (``share_initializers``)."""
     so = session_options(options, threads, quiet=not count) if so is None else so
-    if device.type == "cuda" and options.share_cuda_arena and _shared_cuda_arena(_ort_device(device)[1]):
-        so.add_session_config_entry("session.use_env_allocators", "1")
+    if device.type == "cuda":
+        index = _ort_device(device)[1]
+        # Each registered in ORT's environment once; a session with use_env_allocators
+        # takes whichever of them is there (a shared CPU arena too, Options.share_cpu_arena).
+        shared_arena = options.share_cuda_arena and _shared_cuda_arena(index)
+        shared_pinned = options.cuda_pinned_memory == "process" and _shared_cuda_pinned(index)
+        if shared_arena or shared_pinned:
+            so.add_session_config_entry("session.use_env_allocators", "1")
     try:
         with unset_fake_temporarily():  # sessions are built while compiling, under FakeTensorMode
             shared = share_initializers(so, model.external) if isinstance(model, OnnxModel) else ()
