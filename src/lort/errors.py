@@ -15,6 +15,12 @@ class UnsupportedInputError(LortError, ValueError):
     """An input lort cannot run (dtype, device, structure); the message says what to do."""
 
 
+class QuantizationError(UnsupportedInputError):
+    """Options.quantize asked for what it does not cover (training, a CUDA graph). Never
+    a reason to fall back: lort.ORTModule raises it too, not running the module in
+    PyTorch with float32 weights."""
+
+
 class TranslationError(LortError):
     """A fusion group could not be translated to ONNX."""
 

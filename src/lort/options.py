@@ -27,6 +27,8 @@ ENV_FREEZE_MAX_MB = "LORT_FREEZE_MAX_MB"
 ENV_ENGINES = "LORT_ENGINES"
 FREEZE_MODES = ("auto", True, False)
 CUDA_PINNED_MEMORY = ("session", "process")
+QUANTIZE_SCHEMES = (None, "int4", "int8")
+QUANTIZE_BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 
 def _env_freeze() -> "str | bool":
@@ -173,6 +175,28 @@ class Options:
     #: ``share_cuda_arena``, both on by default) takes it too. One of ``"session"``,
     #: ``"process"``; default ``"session"``.
     cuda_pinned_memory: str = "session"
+    #: Quantize frozen weight matrices for inference: each product of an activation by a
+    #: float32 weight matrix runs as ORT's ``MatMulNBits`` over the weight quantized in
+    #: blocks along its input dimension (compile/quantize.py; onnxruntime's quantizer
+    #: computes the numbers). ``"int4"``, ``"int8"``: 4- or 8-bit weights, float32
+    #: activations. Results then differ from eager's by the quantization's own error.
+    #: Inference on CPU only, with ``executor="ort"`` (a quantized group must run in ORT)
+    #: and frozen weights (``freeze`` not ``False``; freeze_max_mb does not apply: ORT
+    #: holds the quantized copy only). One of ``None``, ``"int4"``, ``"int8"``; default
+    #: ``None`` (off).
+    quantize: str | None = None
+    #: Weights per quantization block (one scale, and one zero point unless
+    #: ``quantize_symmetric``), along the weight's input dimension. One of 16, 32, 64,
+    #: 128, 256; default ``32``.
+    quantize_block_size: int = 32
+    #: Symmetric quantization (no zero points) instead of asymmetric. A bool; default
+    #: ``False``.
+    quantize_symmetric: bool = False
+    #: MatMulNBits' ``accuracy_level``: the precision its CPU kernel computes in: 0
+    #: (unset: the kernel's default), 1 (float32), 2 (float16), 3 (bfloat16), 4 (int8:
+    #: activations quantized per block, the fastest where the CPU has VNNI/AVX-512). An
+    #: int 0-4; default ``4``.
+    quantize_accuracy_level: int = 4
     #: Write convolution_backward as convolutions so it runs in ORT. Off by default:
     #: slower than PyTorch's kernels on CPU (benchmarks/studies/conv_backward.md). A bool;
     #: default ``False``.
@@ -263,6 +287,7 @@ class Options:
             raise ValueError(
                 f"lort option cuda_pinned_memory={self.cuda_pinned_memory!r} is not one of {CUDA_PINNED_MEMORY}"
             )
+        self._check_quantize()
         if self.graph_optimization_level not in OPTIMIZATION_LEVELS:
             raise ValueError(
                 f"lort option graph_optimization_level={self.graph_optimization_level!r} "
@@ -314,6 +339,31 @@ class Options:
                     f"'CPUExecutionProvider']"
                 )
             object.__setattr__(self, "providers", tuple(entries))
+
+    def _check_quantize(self) -> None:
+        if self.quantize not in QUANTIZE_SCHEMES:
+            raise ValueError(f"lort option quantize={self.quantize!r} is not one of {QUANTIZE_SCHEMES}: 'int4' or "
+                             "'int8' quantizes frozen weight matrices for inference, None leaves them float32")
+        if isinstance(self.quantize_block_size, bool) or self.quantize_block_size not in QUANTIZE_BLOCK_SIZES:
+            raise ValueError(f"lort option quantize_block_size={self.quantize_block_size!r} is not one of "
+                             f"{QUANTIZE_BLOCK_SIZES} (the block sizes ORT's MatMulNBits takes)")
+        if not isinstance(self.quantize_symmetric, bool):
+            raise ValueError(f"lort option quantize_symmetric={self.quantize_symmetric!r} must be True or False")
+        if isinstance(self.quantize_accuracy_level, bool) or self.quantize_accuracy_level not in range(5):
+            raise ValueError(f"lort option quantize_accuracy_level={self.quantize_accuracy_level!r} must be an int "
+                             "0-4 (MatMulNBits' accuracy_level; 4: int8 compute)")
+        if self.quantize is None:
+            return
+        if self.executor != "ort":
+            raise ValueError(f"lort option quantize={self.quantize!r} needs executor='ort' (got "
+                             f"{self.executor!r}): a quantized group must run in ORT, where 'auto' may place it "
+                             "in PyTorch with float32 weights")
+        if self.mode != "ort":
+            raise ValueError(f"lort option quantize={self.quantize!r} needs mode='ort' (got {self.mode!r}): "
+                             "'pytorch' runs no ORT, and 'debug' compares with eager, which quantization changes")
+        if self.freeze is False:
+            raise ValueError(f"lort option quantize={self.quantize!r} needs frozen weights: freeze='auto' or True, "
+                             "not False (a weight ORT takes as an input each call cannot be quantized ahead)")
 
     @classmethod
     def valid_keys(cls) -> list[str]:

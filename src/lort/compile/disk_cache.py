@@ -114,6 +114,8 @@ def _options_key(options: Options) -> tuple:
         options.share_cuda_arena,
         options.cuda_pinned_memory,
         options.freeze,
+        (options.quantize, options.quantize_block_size, options.quantize_symmetric, options.quantize_accuracy_level)
+        if options.quantize else None,
         options.engines if options.executor == "auto" else (),
         torch.get_num_threads(),
     )

@@ -16,6 +16,7 @@ from ..runtime.compiled import Boundary
 from ..runtime.dtypes import SUPPORTED_DTYPES
 from ..runtime.frozen import FrozenWeight
 from ..translate import external_data, onnx_export
+from . import quantize
 
 logger = logging.getLogger("lort")
 
@@ -75,9 +76,16 @@ def candidates(model: ir.Model, frozen: tuple[FrozenWeight, ...], options: Optio
     so no size limit applies. The rewrites run before the weights are frozen: with
     them as initializers, onnxscript's optimizer folded each linear layer's transposed
     weight into a new initializer (a copy of every such weight, BERT-base's 374 MB),
-    where ORT folds it into the product or packs it once. ``fuse``: the rewrite
+    where ORT folds it into the product or packs it once. With ``options.quantize``,
+    the frozen weight matrices are then quantized (compile/quantize.py). ``fuse``: the rewrite
     (onnx_export.translate_group's; ``fuse_for_ort`` of ``model``, with ``skip_norms``,
     when None)."""
+
+    def frozen_and_quantized(m: ir.Model) -> ir.Model:
+        sources = {m.graph.inputs[w.index].name: t for w, t in zip(frozen, tensors or [w.tensor for w in frozen])}
+        m = frozen_model(m, frozen, tensors)
+        quantize.quantize_products(m, options, sources)  # nothing unless Options.quantize
+        return m
 
     def fused():
         rewrite = fuse or (lambda serializer: onnx_export.fuse_for_ort(model, serializer=serializer,
@@ -85,10 +93,10 @@ def candidates(model: ir.Model, frozen: tuple[FrozenWeight, ...], options: Optio
         rewritten, fusions = rewrite(serializer=lambda m: m)
         if rewritten is None:
             return None
-        return external_data.serialize(frozen_model(rewritten, frozen, tensors)), fusions
+        return external_data.serialize(frozen_and_quantized(rewritten)), fusions
 
     def plain():
-        return external_data.serialize(frozen_model(model, frozen, tensors)), {}
+        return external_data.serialize(frozen_and_quantized(model)), {}
 
     return [fused, plain] if options.ort_fusions else [plain]
 

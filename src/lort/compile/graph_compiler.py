@@ -21,7 +21,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from ..capture import attention, symbolic_sizes
 from ..diagnostics import progress
 from ..diagnostics.records import GraphRecord
-from ..errors import LortError, SessionCreationError, TranslationError
+from ..errors import LortError, QuantizationError, SessionCreationError, TranslationError
 from ..fusion import fuser, input_views, support
 from ..options import Options
 from ..reasons import Reason, ReasonKind
@@ -76,6 +76,8 @@ class GraphCompiler:
         by_node = _weight_nodes(gm, weights) if self.options.mode != "pytorch" else {}
         # Only an inference graph freezes its weights; any graph times on them.
         freezable = kind == "inference" and self.options.freeze is not False
+        if self.options.quantize is not None:
+            _check_quantizable(kind, gm, self.options.quantize)
         refused = self._freeze_refused(by_node) if freezable else None
         groups, modules = self._fuse_and_compile(gm, unsupported, name, by_node, refused, freezable)
         if self.cache and not cached:
@@ -124,8 +126,8 @@ class GraphCompiler:
     def _freeze_refused(self, weights: dict) -> str | None:
         """Why freeze="auto" keeps this graph's weights as inputs (they exceed
         Options.freeze_max_mb), or None."""
-        if self.options.freeze != "auto" or not weights:
-            return None
+        if self.options.freeze != "auto" or not weights or self.options.quantize is not None:
+            return None  # quantized, ORT holds a copy of a quarter or an eighth of their size
         storages = {}
         for _, t in weights.values():
             storages[(t.device, t.untyped_storage().data_ptr())] = t.untyped_storage().nbytes()
@@ -246,3 +248,16 @@ def captured_seconds(start: float | None, kind: str) -> float | None:
 def _on_cuda(gm: torch.fx.GraphModule) -> bool:
     return any(isinstance(v := n.meta.get("val"), torch.Tensor) and v.device.type == "cuda"
                for n in gm.graph.nodes if n.op == "placeholder")
+
+
+def _check_quantizable(kind: str, gm: torch.fx.GraphModule, scheme: str) -> None:
+    """Options.quantize covers inference on CPU: anything else is a clear error."""
+    if kind != "inference":
+        raise QuantizationError(
+            f"lort option quantize={scheme!r} is for inference only, and this graph trains (a {kind} graph: "
+            "some input requires grad). Call the model under torch.no_grad() or torch.inference_mode(), or leave "
+            "quantize unset to train")
+    if _on_cuda(gm):
+        raise QuantizationError(
+            f"lort option quantize={scheme!r} runs on CPU only for now, and this graph's tensors are on CUDA: "
+            "move the model and inputs to the CPU, or leave quantize unset")

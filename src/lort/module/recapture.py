@@ -70,6 +70,7 @@ def recompile_limit() -> int:
 
 
 def one_line(error: BaseException) -> str:
+    error = getattr(error, "inner_exception", None) or error  # Dynamo's BackendCompilerFailed: lort's error
     text = str(error).strip().splitlines()
     first = next((line for line in text if line.strip()), type(error).__name__)
     return f"{type(error).__name__}: {first}"

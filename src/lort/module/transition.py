@@ -40,7 +40,7 @@ import torch
 
 from ..backend import LortBackend
 from ..compile import lifetime
-from ..errors import CaptureError
+from ..errors import CaptureError, QuantizationError
 from ..options import Options
 from . import debug_files, direct, io, logging_calls, recapture
 from .recapture import is_capture_failure as _is_capture_failure, one_line as _one_line
@@ -334,6 +334,9 @@ class TransitionManager(recapture.SizePolicy):
             with logging_calls.ignored():  # a call may capture (module/logging_calls.py)
                 out_tensors, out_spec = entry.fn(objects, *tensors)
         except Exception as e:
+            inner = getattr(e, "inner_exception", e)  # Dynamo wraps a backend's error
+            if isinstance(inner, QuantizationError):  # the options' mistake: no module to fall back to
+                raise inner from e
             new_fn = size.mode in ("dynamic", "static") and entry.last_shapes is None  # a second capture's first call
             if entry.calls > 0 and (new_fn or recapture.is_recompile_limit(e) or _is_capture_failure(e)):
                 return self._recapture_failed(entry, e, new_fn, tensors, args, kwargs, objects)

@@ -1,0 +1,196 @@
+"""Weight-only quantization of frozen weights (Options.quantize): each product of an
+activation by a frozen float32 weight matrix (a linear layer's ``Transpose(W) -> Gemm``,
+GPT-2's ``Gemm(x, W)``, a ``MatMul`` or onnxscript's ``FusedMatMul`` by a weight) becomes ORT's
+``com.microsoft.MatMulNBits`` over the weight quantized in blocks along K, with the
+bias added after. The numbers come from onnxruntime's own quantizer
+(``DefaultWeightOnlyQuantizer.qbits_block_quant``, its C++ kernels); lort only finds the
+products in its graph, which it knows. Inference only: a quantized weight has no
+gradient. The quantized arrays become the session's initializers (external data, owned
+like frozen weights); the float32 weight leaves the session."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import weakref
+
+import numpy as np
+import onnx_ir as ir
+import torch
+
+from ..options import Options
+
+logger = logging.getLogger("lort")
+
+#: Options.quantize -> bits per weight.
+BITS = {"int4": 4, "int8": 8}
+_MS_DOMAIN = "com.microsoft"
+
+
+@dataclasses.dataclass
+class QuantizeResult:
+    """What a rewrite did: products quantized, float32 bytes they held, and bytes of the
+    quantized weights, scales and zero points that replace them."""
+
+    products: int = 0
+    float_bytes: int = 0
+    quantized_bytes: int = 0
+
+
+def _quantizer(options: Options):
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=options.quantize_block_size, is_symmetric=options.quantize_symmetric,
+        accuracy_level=options.quantize_accuracy_level, bits=BITS[options.quantize])
+    return DefaultWeightOnlyQuantizer(config)
+
+
+def _attr(node: ir.Node, name: str, default):
+    attr = node.attributes.get(name)
+    return default if attr is None else attr.value
+
+
+def _float_matrix(value: ir.Value | None) -> np.ndarray | None:
+    """The float32 2-D array an initializer holds, or None."""
+    if value is None or not value.is_initializer() or value.const_value is None:
+        return None
+    tensor = value.const_value
+    if tensor.dtype != ir.DataType.FLOAT or len(tensor.shape) != 2:
+        return None
+    return tensor.numpy()
+
+
+def _weight_kn(node: ir.Node) -> tuple[np.ndarray, ir.Value, ir.Node | None, bool] | None:
+    """The product's weight as a [K, N] array, the initializer holding it, the Transpose
+    between them (or None), and whether the array is the initializer transposed; None
+    where ``node`` is no product by a frozen float32 matrix in a form MatMulNBits
+    computes."""
+    if node.domain == _MS_DOMAIN and node.op_type == "FusedMatMul":  # onnxscript's fusion of Transpose + MatMul
+        if _attr(node, "transA", 0) or _attr(node, "alpha", 1.0) != 1.0 or _attr(node, "transBatchA", 0) \
+                or _attr(node, "transBatchB", 0):
+            return None
+        trans_b = _attr(node, "transB", 0)
+    elif node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm"):
+        return None
+    else:
+        trans_b = 0
+    if node.op_type == "Gemm":
+        if _attr(node, "transA", 0) or _attr(node, "alpha", 1.0) != 1.0 or (
+                len(node.inputs) > 2 and node.inputs[2] is not None and _attr(node, "beta", 1.0) != 1.0):
+            return None
+        trans_b = _attr(node, "transB", 0)
+    b = node.inputs[1]
+    array = _float_matrix(b)
+    if array is not None:
+        return (array.T if trans_b else array), b, None, bool(trans_b)
+    producer = b.producer() if b is not None else None
+    if producer is None or producer.op_type != "Transpose" or producer.domain not in ("", "ai.onnx"):
+        return None
+    if list(_attr(producer, "perm", [1, 0])) != [1, 0] or len(b.uses()) != 1:
+        return None
+    array = _float_matrix(producer.inputs[0])
+    if array is None:
+        return None
+    return (array if trans_b else array.T), producer.inputs[0], producer, not trans_b
+
+
+#: id(weight tensor) -> (a weak reference to it, {(transposed, scheme settings, the
+#: tensor's version): (packed, scales, zero points)}): a weight quantized once for all
+#: the graphs that freeze it (a decoder's prefill and decode graphs), released with the
+#: weight. By identity: tensors compare by value (under FakeTensorMode, not at all).
+_quantized: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def _settings(options: Options) -> tuple:
+    return (options.quantize, options.quantize_block_size, options.quantize_symmetric)
+
+
+def _quantized_arrays(quantizer, w_kn: np.ndarray, source: torch.Tensor | None, transposed: bool, options: Options):
+    """(packed, scales, zero points) of ``w_kn``, from the cache where ``source`` (the
+    weight tensor it was read from) was quantized alike at its current version."""
+    key = (transposed, _settings(options), source._version if source is not None else None)
+    held = _quantized.get(id(source)) if source is not None else None
+    if held is not None and held[0]() is source and key in held[1]:
+        return held[1][key]
+    arrays = quantizer().qbits_block_quant(np.ascontiguousarray(w_kn, dtype=np.float32))
+    if source is not None:
+        if held is None or held[0]() is not source:
+            ident = id(source)
+            held = (weakref.ref(source, lambda _, ident=ident: _quantized.pop(ident, None)), {})
+            _quantized[ident] = held
+        held[1].clear()  # an older version or other settings: not wanted again
+        held[1][key] = arrays
+    return arrays
+
+
+def quantize_products(model: ir.Model, options: Options, sources: dict[str, torch.Tensor] | None = None
+                      ) -> QuantizeResult:
+    """Rewrite ``model`` in place: every product by a frozen float32 weight matrix
+    becomes MatMulNBits (and an Add for a Gemm's bias). Products whose weight is not an
+    initializer (weights kept as inputs) are left as they are. ``sources``: initializer
+    name -> the weight tensor it holds, whose quantized arrays are then shared by every
+    graph that freezes it."""
+    result = QuantizeResult()
+    if options.quantize is None:
+        return result
+    graph = model.graph
+    made: list = []
+
+    def quantizer():
+        if not made:
+            made.append(_quantizer(options))
+        return made[0]
+
+    for node in list(graph):
+        found = _weight_kn(node)
+        if found is None:
+            continue
+        w_kn, weight, transpose, transposed = found
+        k, n = w_kn.shape
+        packed, scales, zero_points = _quantized_arrays(quantizer, w_kn, (sources or {}).get(weight.name),
+                                                        transposed, options)
+        base = weight.name or f"w{result.products}"
+        inputs = [node.inputs[0], _initializer(graph, f"{base}_q{BITS[options.quantize]}", packed),
+                  _initializer(graph, f"{base}_scales", scales)]
+        if not options.quantize_symmetric:
+            inputs.append(_initializer(graph, f"{base}_zero_points", zero_points))
+        attributes = [ir.AttrInt64("K", k), ir.AttrInt64("N", n), ir.AttrInt64("bits", BITS[options.quantize]),
+                      ir.AttrInt64("block_size", options.quantize_block_size)]
+        if options.quantize_accuracy_level:
+            attributes.append(ir.AttrInt64("accuracy_level", options.quantize_accuracy_level))
+        product = ir.Node(_MS_DOMAIN, "MatMulNBits", inputs, attributes, name=f"{node.name}_nbits")
+        new_nodes = [product]
+        out = product.outputs[0]
+        bias = node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 else None
+        if bias is not None:
+            add = ir.Node("", "Add", [out, bias], name=f"{node.name}_bias")
+            new_nodes.append(add)
+            out = add.outputs[0]
+        out.shape, out.type = node.outputs[0].shape, node.outputs[0].type
+        ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, [node.outputs[0]], [out])
+        if transpose is not None and not transpose.outputs[0].uses():
+            graph.remove(transpose, safe=True)
+        if not weight.uses() and weight not in graph.outputs:
+            graph.initializers.pop(weight.name, None)
+        result.products += 1
+        result.float_bytes += w_kn.size * 4
+        result.quantized_bytes += packed.nbytes + scales.nbytes + (0 if options.quantize_symmetric
+                                                                  else zero_points.nbytes)
+    if result.products:
+        model.opset_imports.setdefault(_MS_DOMAIN, 1)
+        logger.info("lort: quantized %d product(s) to %s: %.1f MiB of float32 weights -> %.1f MiB",
+                    result.products, options.quantize, result.float_bytes / 2**20, result.quantized_bytes / 2**20)
+    return result
+
+
+def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    while name in graph.initializers:
+        name += "_"
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                     const_value=ir.Tensor(array, name=name))
+    graph.register_initializer(value)
+    return value

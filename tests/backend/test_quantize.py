@@ -1,0 +1,191 @@
+"""Options.quantize: frozen weight matrices quantized for inference (compile/quantize.py).
+
+Exactness: lort's quantized model against eager PyTorch running the same model with each
+weight matrix replaced by its dequantized values (quantized here with onnxruntime's
+quantizer, dequantized here in NumPy from the packed blocks: an independent reading of
+the format), so the only difference from eager is the quantization's own."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import lort
+from lort.errors import QuantizationError, UnsupportedInputError
+from lort.testing.models import gpt2, llama, output_tensor
+
+BITS = {"int4": 4, "int8": 8}
+
+
+def _dequantized(w_kn: np.ndarray, scheme: str, block: int, symmetric: bool) -> np.ndarray:
+    """``w_kn`` [K, N] quantized by onnxruntime's quantizer as lort asks, then dequantized
+    from its packed blocks: [K, N] float32."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+
+    bits = BITS[scheme]
+    quantizer = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
+        block_size=block, is_symmetric=symmetric, bits=bits))
+    packed, scales, zero_points = quantizer.qbits_block_quant(np.ascontiguousarray(w_kn, dtype=np.float32))
+    k, n = w_kn.shape
+    blocks = scales.shape[1]
+    if bits == 4:  # two weights a byte, the first in the low nibble
+        q = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, blocks, block)
+        zp = np.stack([zero_points & 0x0F, zero_points >> 4], axis=-1).reshape(n, -1)[:, :blocks]
+    else:
+        q = packed.reshape(n, blocks, block)
+        zp = zero_points[:, :blocks]
+    if symmetric:
+        zp = np.full((n, blocks), 1 << (bits - 1))
+    w = (q.astype(np.float32) - zp[:, :, None].astype(np.float32)) * scales[:, :, None]
+    return np.ascontiguousarray(w.reshape(n, blocks * block)[:, :k].T)
+
+
+def _reference(model: torch.nn.Module, scheme: str, block: int, symmetric: bool) -> tuple[torch.nn.Module, int]:
+    """A copy of ``model`` whose linear layers (and transformers' Conv1D) hold their
+    dequantized weights, and how many it changed."""
+    from transformers.pytorch_utils import Conv1D
+
+    ref = copy.deepcopy(model)
+    changed = 0
+    with torch.no_grad():
+        for module in ref.modules():
+            if isinstance(module, torch.nn.Linear):
+                w = _dequantized(module.weight.numpy().T, scheme, block, symmetric).T
+            elif isinstance(module, Conv1D):  # GPT-2's: weight [K, N]
+                w = _dequantized(module.weight.numpy(), scheme, block, symmetric)
+            else:
+                continue
+            module.weight.copy_(torch.from_numpy(np.ascontiguousarray(w)))
+            changed += 1
+    return ref, changed
+
+
+def _mlp():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 40, bias=False))
+    return model, (torch.randn(3, 7, 64),)
+
+
+MODELS = {
+    "mlp": _mlp,
+    "gpt2": lambda: gpt2(batch=2, seq=16, layers=2, hidden=64, heads=4),
+    "llama": lambda: llama(batch=2, seq=16, layers=2, hidden=64, heads=4, kv_heads=2),
+}
+
+
+@pytest.mark.parametrize("scheme, symmetric", [("int4", False), ("int4", True), ("int8", False)])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_quantized_model_matches_eager_with_the_dequantized_weights(name, scheme, symmetric, caplog):
+    """accuracy_level=1 (MatMulNBits computes in float32): lort's output is eager's on the
+    dequantized weights within float32's tolerances, and every weight matrix was
+    quantized (the log counts the products); eager on the float32 weights differs by
+    the quantization's own error, which the test reports."""
+    import logging
+
+    model, args = MODELS[name]()
+    model.eval()
+    block = 32
+    ref, changed = _reference(model, scheme, block, symmetric)
+    options = {"quantize": scheme, "quantize_block_size": block, "quantize_symmetric": symmetric,
+               "quantize_accuracy_level": 1, "executor": "ort", "disk_cache": False}
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="lort"), torch.no_grad():
+        out = output_tensor(torch.compile(copy.deepcopy(model), backend="lort", options=options)(*args))
+        expected = output_tensor(ref(*args))
+        eager = output_tensor(model(*args))
+    torch.testing.assert_close(out, expected)
+    quantized = sum(int(r.getMessage().split("quantized ")[1].split(" ")[0]) for r in caplog.records
+                    if "product(s) to" in r.getMessage())
+    assert quantized == changed > 0
+    # the quantization's own error is there (the test would pass on float32 weights otherwise)
+    assert (eager - out).abs().max() > 1e-4
+
+
+def test_int8_compute_stays_near_the_dequantized_reference():
+    """accuracy_level=4 (the default: activations quantized to int8 per block, where the
+    CPU has the instructions): near the dequantized reference, not exact."""
+    model, args = MODELS["llama"]()
+    model.eval()
+    ref, _ = _reference(model, "int4", 32, False)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = output_tensor(torch.compile(copy.deepcopy(model), backend="lort",
+                                          options={"quantize": "int4", "executor": "ort", "disk_cache": False})(*args))
+        expected = output_tensor(ref(*args))
+    rel = ((out - expected).norm() / expected.norm()).item()
+    assert rel < 0.02, rel
+
+
+def test_quantized_model_through_ortmodule_matches_the_reference():
+    model, args = MODELS["mlp"]()
+    model.eval()
+    ref, _ = _reference(model, "int8", 32, False)
+    wrapped = lort.ORTModule(copy.deepcopy(model), options={
+        "quantize": "int8", "quantize_accuracy_level": 1, "executor": "ort", "disk_cache": False})
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped(*args), ref(*args))
+
+
+@pytest.mark.parametrize("front_end", ["torch.compile", "ORTModule"])
+def test_training_through_a_quantized_model_is_a_clear_error(front_end):
+    """torch.compile wraps a backend's error in Dynamo's BackendCompilerFailed, whose
+    message carries lort's."""
+    model, args = MODELS["mlp"]()
+    torch._dynamo.reset()
+    options = {"quantize": "int4", "executor": "ort", "disk_cache": False}
+    wrapped = (torch.compile(model, backend="lort", options=options) if front_end == "torch.compile"
+               else lort.ORTModule(model, options=options))
+    with pytest.raises(Exception, match=r"quantize='int4' is for inference only.*torch.no_grad") as caught:
+        wrapped(*args)
+    error = getattr(caught.value, "inner_exception", caught.value)
+    assert isinstance(error, QuantizationError) and isinstance(error, UnsupportedInputError), type(caught.value)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"quantize": "int3"}, r"quantize='int3' is not one of \(None, 'int4', 'int8'\)"),
+    ({"quantize": "int4", "quantize_block_size": 48, "executor": "ort"}, r"quantize_block_size=48 is not one of"),
+    ({"quantize": "int4", "quantize_accuracy_level": 7, "executor": "ort"}, r"must be an int 0-4"),
+    ({"quantize": "int4", "executor": "auto"}, r"needs executor='ort'"),
+    ({"quantize": "int4", "executor": "ort", "freeze": False}, r"needs frozen weights"),
+    ({"quantize": "int8", "executor": "ort", "mode": "debug"}, r"needs mode='ort'"),
+])
+def test_quantize_options_name_what_is_allowed(options, message):
+    with pytest.raises(ValueError, match=message):
+        lort.Options(**options)
+
+
+def test_a_weight_is_quantized_once_for_every_graph_and_again_after_it_changes(monkeypatch):
+    """Two graphs of one model (two input shapes, dynamic=False) share each weight's
+    quantized arrays; an in-place change of a weight (a new version) quantizes it again,
+    and the output follows the new values."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantizer
+
+    calls = []
+    real = DefaultWeightOnlyQuantizer.qbits_block_quant
+    monkeypatch.setattr(DefaultWeightOnlyQuantizer, "qbits_block_quant",
+                        lambda self, w: calls.append(w.shape) or real(self, w))
+    model, (x,) = MODELS["mlp"]()
+    model.eval()
+    torch._dynamo.reset()
+    options = {"quantize": "int8", "quantize_accuracy_level": 1, "executor": "ort", "disk_cache": False}
+    cm = torch.compile(model, backend="lort", options=options, dynamic=False)
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    with torch.no_grad():
+        for rows in (3, 2):
+            cm(x[:rows])
+    assert counters["stats"]["unique_graphs"] == 2
+    assert len(calls) == 2, calls  # two weight matrices, quantized once for both graphs
+    with torch.no_grad():
+        model[0].weight.mul_(2)
+        out = cm(x[:3])
+        assert len(calls) == 3, calls  # the changed weight only
+        ref, _ = _reference(model, "int8", 32, False)  # (quantizes through the same function)
+        torch.testing.assert_close(out, ref(x[:3]))
