@@ -1,0 +1,148 @@
+"""Greedy decoding with quantized weights (Options.quantize, issue 45): ms per token,
+first generate, resident memory and the quantization's error, for eager float32, lort
+float32 and lort with int8 and int4 weights.
+
+Cases (random weights from transformers configs, batch 1, a 16-token prompt,
+``max_new_tokens=32``, greedy): ``llama_0.5b`` (a Llama-style decoder: hidden 1024, 24
+layers, 16 heads with 4 key/value heads, SwiGLU 4864, a 32000-token vocabulary) and
+``llama_1.5b`` (hidden 1536, 28 layers, 12 heads with 2 key/value heads, SwiGLU 8960),
+``gpt2_medium`` (GPT2Config(n_embd=1024, n_layer=24, n_head=16), 355M).
+
+Each (case, backend) runs in a fresh process with an empty lort cache. It builds the
+model, generates once in eager float32 (the reference tokens, and the prompt's logits),
+then for lort replaces ``model.forward`` with ``torch.compile(model.forward,
+backend="lort", options=...)`` (``executor="ort"``; ``quantize`` for int8/int4, its other
+settings at their defaults: blocks of 32, asymmetric, int8 compute) and:
+
+- **first s**: the first generate, compiles included;
+- **ms / token**: the median of ``--repeats`` later generates, divided by the new tokens
+  (prefill included); **vs eager**: eager's process's ms / token divided by this one's;
+- **RSS MiB**: resident memory after the timed generates, and its peak (VmHWM) over the
+  whole process; the model's float32 weights stay in the process in every row;
+- **logits rel. error**: ||logits - eager's|| / ||eager's|| over the prompt's forward;
+- **same tokens**: the share of the 32 greedy tokens equal to eager float32's. Random
+  weights give nearly flat logits, so greedy tokens flip at small errors: this figure is
+  harsher here than on a trained model.
+
+    python -m benchmarks quantized-decoding [--cases llama_0.5b,llama_1.5b,gpt2_medium]
+        [--backends eager,lort,lort_int8,lort_int4]
+
+Writes the ``quantized-decoding`` section of benchmarks/results/quantized_decoding.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import report  # noqa: E402
+from scale import run_child  # noqa: E402
+
+BACKENDS = ["eager", "lort", "lort_int8", "lort_int4"]
+CASES = ["llama_0.5b", "llama_1.5b", "gpt2_medium"]
+
+CHILD = r"""
+import json, statistics, sys, time
+import torch
+sys.path.insert(0, sys.argv[1])
+import rss
+from lort.testing.models import make_torchvision_importable
+make_torchvision_importable()
+import transformers, lort
+
+case, backend, repeats, new = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+torch.manual_seed(0)
+if case == "gpt2_medium":
+    cfg = transformers.GPT2Config(n_embd=1024, n_layer=24, n_head=16)
+    model = transformers.GPT2LMHeadModel(cfg)
+else:
+    size = {"llama_0.5b": dict(hidden_size=1024, intermediate_size=4864, num_hidden_layers=24,
+                               num_attention_heads=16, num_key_value_heads=4),
+            "llama_1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                               num_attention_heads=12, num_key_value_heads=2)}[case]
+    cfg = transformers.LlamaConfig(vocab_size=32000, max_position_embeddings=512, **size)
+    model = transformers.LlamaForCausalLM(cfg)
+model.eval()
+ids = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(1))
+kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+with torch.no_grad():
+    want_logits = model(ids).logits
+want = model.generate(ids, **kw)
+if backend != "eager":
+    options = {"executor": "ort"}
+    if backend != "lort":
+        options["quantize"] = backend.split("_")[1]
+    model.forward = torch.compile(model.forward, backend="lort", options=options)
+t0 = time.perf_counter()
+got = model.generate(ids, **kw)
+first = time.perf_counter() - t0
+times = []
+for _ in range(repeats):
+    t0 = time.perf_counter()
+    got = model.generate(ids, **kw)
+    times.append(time.perf_counter() - t0)
+with torch.no_grad():
+    logits = model(ids).logits
+rel = ((logits - want_logits).norm() / want_logits.norm()).item()
+same = (got[0, ids.shape[1]:] == want[0, ids.shape[1]:]).float().mean().item()
+s = rss.status()
+print(json.dumps({"first": first, "per_token": statistics.median(times) / new, "rss": s["VmRSS"],
+                  "peak": s["VmHWM"], "rel": rel, "same": same,
+                  "params": sum(p.numel() for p in model.parameters())}))
+"""
+
+
+def table(results: dict) -> list[str]:
+    lines = []
+    for case, by_backend in results.items():
+        e = by_backend.get("eager", {})
+        params = next((r["params"] for r in by_backend.values() if "params" in r), 0)
+        lines += [
+            f"### {case} ({params / 1e9:.2f}B parameters)",
+            "",
+            "| backend | first s | ms / token | vs eager | RSS MiB | peak RSS MiB | RSS vs eager "
+            "| logits rel. error | same tokens |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for b, r in by_backend.items():
+            if "error" in r:
+                lines.append(f"| {b} | failed: {r['error']} | | | | | | | |")
+                continue
+            vs = f"{e['per_token'] / r['per_token']:.2f}x" if "per_token" in e else "-"
+            mem = f"{r['rss'] / e['rss']:.2f}x" if "rss" in e else "-"
+            lines.append(f"| {b} | {r['first']:.1f} | {r['per_token'] * 1e3:.1f} | {vs} | {r['rss'] / 2**20:.0f} "
+                         f"| {r['peak'] / 2**20:.0f} | {mem} | {r['rel']:.2e} | {r['same'] * 100:.0f}% |")
+        lines.append("")
+    return lines
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--out", default=report.result_path("quantized_decoding.md"))
+    a = ap.parse_args(argv)
+    for b in a.backends.split(","):
+        if b not in BACKENDS:
+            ap.error(f"unknown backend {b!r}; choose from {BACKENDS}")
+    results: dict = {}
+    for case in a.cases.split(","):
+        if case not in CASES:
+            ap.error(f"unknown case {case!r}; choose from {CASES}")
+        for b in a.backends.split(","):
+            r = run_child(CHILD, case, b, str(a.repeats), str(a.new_tokens))
+            print(case, b, r, flush=True)
+            results.setdefault(case, {})[b] = r
+    stamp = f"Taken {datetime.date.today()} by `{report.command('quantized-decoding', argv)}`."
+    report.write_section(a.out, "quantized-decoding", [stamp, report.machine_line(), "", *table(results)],
+                         title="# Quantized decoding (Options.quantize)")
+
+
+if __name__ == "__main__":
+    main()
