@@ -344,12 +344,14 @@ class Options:
         if self.quantize not in QUANTIZE_SCHEMES:
             raise ValueError(f"lort option quantize={self.quantize!r} is not one of {QUANTIZE_SCHEMES}: 'int4' or "
                              "'int8' quantizes frozen weight matrices for inference, None leaves them float32")
-        if isinstance(self.quantize_block_size, bool) or self.quantize_block_size not in QUANTIZE_BLOCK_SIZES:
+        if not isinstance(self.quantize_block_size, int) or isinstance(self.quantize_block_size, bool) \
+                or self.quantize_block_size not in QUANTIZE_BLOCK_SIZES:
             raise ValueError(f"lort option quantize_block_size={self.quantize_block_size!r} is not one of "
                              f"{QUANTIZE_BLOCK_SIZES} (the block sizes ORT's MatMulNBits takes)")
         if not isinstance(self.quantize_symmetric, bool):
             raise ValueError(f"lort option quantize_symmetric={self.quantize_symmetric!r} must be True or False")
-        if isinstance(self.quantize_accuracy_level, bool) or self.quantize_accuracy_level not in range(5):
+        if not isinstance(self.quantize_accuracy_level, int) or isinstance(self.quantize_accuracy_level, bool) \
+                or self.quantize_accuracy_level not in range(5):
             raise ValueError(f"lort option quantize_accuracy_level={self.quantize_accuracy_level!r} must be an int "
                              "0-4 (MatMulNBits' accuracy_level; 4: int8 compute)")
         if self.quantize is None:

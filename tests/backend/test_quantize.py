@@ -151,6 +151,8 @@ def test_training_through_a_quantized_model_is_a_clear_error(front_end):
     ({"quantize": "int3"}, r"quantize='int3' is not one of \(None, 'int4', 'int8'\)"),
     ({"quantize": "int4", "quantize_block_size": 48, "executor": "ort"}, r"quantize_block_size=48 is not one of"),
     ({"quantize": "int4", "quantize_accuracy_level": 7, "executor": "ort"}, r"must be an int 0-4"),
+    ({"quantize": "int4", "quantize_accuracy_level": 4.0, "executor": "ort"}, r"must be an int 0-4"),
+    ({"quantize": "int4", "quantize_block_size": 32.0, "executor": "ort"}, r"quantize_block_size=32.0 is not one of"),
     ({"quantize": "int4", "executor": "auto"}, r"needs executor='ort'"),
     ({"quantize": "int4", "executor": "ort", "freeze": False}, r"needs frozen weights"),
     ({"quantize": "int8", "executor": "ort", "mode": "debug"}, r"needs mode='ort'"),
