@@ -22,8 +22,8 @@ asserts; stderr is not captured, so ORT's own message before an abort shows.
 - ``pinned``: what Options.cuda_pinned_memory="process" (one pinned allocator in ORT's
   environment, no arena) costs and whether it ends the abort: for each setting, a fresh
   process times BERT and GPT-2 (lort.testing.models.CUDA_CASES) at batch 1 inference and
-  batch 32 training through lort, then drops each model right after a call queued behind
-  long matmuls, three times, and says whether it got through.
+  batch 32 training through lort, drops each model right after a call queued behind
+  long matmuls, and says whether the process got through.
 """
 
 from __future__ import annotations
@@ -226,7 +226,9 @@ def pinned_child(setting: str, device: str, models: str | None, calls: int) -> N
             for _ in range(6):
                 y = torch.tanh(y @ big)
             step()  # its ORT runs wait on the matmuls (lort's stream follows the current one by events)
-            del fn, model, step
+            del fn, model, step, params
+            gc.collect()
+            torch._dynamo.reset()  # Dynamo's cache holds the module until then
             gc.collect()
             print(f"{name} {scenario} [{setting}]: dropped right after a queued call", flush=True)
     torch._dynamo.reset()
