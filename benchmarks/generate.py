@@ -41,7 +41,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import report  # noqa: E402
-from scale import run_child  # noqa: E402
+from scale import run_grid  # noqa: E402
 
 BACKENDS = ["eager", "inductor", "lort", "ortmodule"]
 CASES = ["gpt2_small", "llama_small"]
@@ -117,27 +117,22 @@ print(json.dumps({"first": first, "per_token": statistics.median(times) / new, "
 
 
 def table(results: dict) -> list[str]:
-    lines = []
-    for case, by_backend in results.items():
-        e = by_backend.get("eager", {})
+    def heading(case, by_backend):
         params = next((r["params"] for r in by_backend.values() if "params" in r), 0)
-        lines += [
-            f"### {case} ({params / 1e6:.0f}M parameters)",
-            "",
-            "| backend | first s | ms / token | eager's ms / token, same process | tokens/s vs eager (interleaved) "
-            "| vs eager's process | captures | ORT runs per generate | same tokens |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|",
-        ]
-        for b, r in by_backend.items():
-            if "error" in r:
-                lines.append(f"| {b} | failed: {r['error']} | | | | | | | |")
-                continue
-            vs = f"{e['per_token'] / r['per_token']:.2f}x" if "per_token" in e else "-"
-            lines.append(f"| {b} | {r['first']:.1f} | {r['per_token'] * 1e3:.1f} | {r['eager_per_token'] * 1e3:.1f} "
-                         f"| {r['vs_eager']:.2f}x | {vs} | {r['captures']} "
-                         f"| {r['ort_runs']} | {'yes' if r['same'] else 'NO'} |")
-        lines.append("")
-    return lines
+        return f"### {case} ({params / 1e6:.0f}M parameters)"
+
+    def row(b, r, by_backend):
+        e = by_backend.get("eager", {})
+        vs = f"{e['per_token'] / r['per_token']:.2f}x" if "per_token" in e else "-"
+        return (f"| {b} | {r['first']:.1f} | {r['per_token'] * 1e3:.1f} | {r['eager_per_token'] * 1e3:.1f} "
+                f"| {r['vs_eager']:.2f}x | {vs} | {r['captures']} "
+                f"| {r['ort_runs']} | {'yes' if r['same'] else 'NO'} |")
+
+    return report.case_tables(
+        results, heading,
+        "| backend | first s | ms / token | eager's ms / token, same process | tokens/s vs eager (interleaved) "
+        "| vs eager's process | captures | ORT runs per generate | same tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|", row)
 
 
 def main(argv=None) -> None:
@@ -148,12 +143,7 @@ def main(argv=None) -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--out", default=report.result_path("generation.md"))
     a = ap.parse_args(argv)
-    results: dict = {}
-    for case in a.cases.split(","):
-        for b in a.backends.split(","):
-            r = run_child(CHILD, case, b, str(a.repeats), str(a.new_tokens))
-            print(case, b, r, flush=True)
-            results.setdefault(case, {})[b] = r
+    results = run_grid(CHILD, a.cases.split(","), a.backends.split(","), str(a.repeats), str(a.new_tokens))
     stamp = f"Taken {datetime.date.today()} by `{report.command('generation', argv)}`."
     report.write_section(a.out, "generate", [stamp, report.machine_line(), "", *table(results)])
 

@@ -40,7 +40,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import report  # noqa: E402
-from scale import run_child  # noqa: E402
+from scale import run_grid  # noqa: E402
 
 BACKENDS = ["eager", "lort", "lort_int8", "lort_int4"]
 CASES = ["llama_0.5b", "llama_1.5b", "gpt2_medium"]
@@ -97,27 +97,22 @@ print(json.dumps({"first": first, "per_token": statistics.median(times) / new, "
 
 
 def table(results: dict) -> list[str]:
-    lines = []
-    for case, by_backend in results.items():
-        e = by_backend.get("eager", {})
+    def heading(case, by_backend):
         params = next((r["params"] for r in by_backend.values() if "params" in r), 0)
-        lines += [
-            f"### {case} ({params / 1e9:.2f}B parameters)",
-            "",
-            "| backend | first s | ms / token | vs eager | RSS MiB | peak RSS MiB | RSS vs eager "
-            "| logits rel. error | same tokens |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for b, r in by_backend.items():
-            if "error" in r:
-                lines.append(f"| {b} | failed: {r['error']} | | | | | | | |")
-                continue
-            vs = f"{e['per_token'] / r['per_token']:.2f}x" if "per_token" in e else "-"
-            mem = f"{r['rss'] / e['rss']:.2f}x" if "rss" in e else "-"
-            lines.append(f"| {b} | {r['first']:.1f} | {r['per_token'] * 1e3:.1f} | {vs} | {r['rss'] / 2**20:.0f} "
-                         f"| {r['peak'] / 2**20:.0f} | {mem} | {r['rel']:.2e} | {r['same'] * 100:.0f}% |")
-        lines.append("")
-    return lines
+        return f"### {case} ({params / 1e9:.2f}B parameters)"
+
+    def row(b, r, by_backend):
+        e = by_backend.get("eager", {})
+        vs = f"{e['per_token'] / r['per_token']:.2f}x" if "per_token" in e else "-"
+        mem = f"{r['rss'] / e['rss']:.2f}x" if "rss" in e else "-"
+        return (f"| {b} | {r['first']:.1f} | {r['per_token'] * 1e3:.1f} | {vs} | {r['rss'] / 2**20:.0f} "
+                f"| {r['peak'] / 2**20:.0f} | {mem} | {r['rel']:.2e} | {r['same'] * 100:.0f}% |")
+
+    return report.case_tables(
+        results, heading,
+        "| backend | first s | ms / token | vs eager | RSS MiB | peak RSS MiB | RSS vs eager "
+        "| logits rel. error | same tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|", row)
 
 
 def main(argv=None) -> None:
@@ -131,14 +126,10 @@ def main(argv=None) -> None:
     for b in a.backends.split(","):
         if b not in BACKENDS:
             ap.error(f"unknown backend {b!r}; choose from {BACKENDS}")
-    results: dict = {}
     for case in a.cases.split(","):
         if case not in CASES:
             ap.error(f"unknown case {case!r}; choose from {CASES}")
-        for b in a.backends.split(","):
-            r = run_child(CHILD, case, b, str(a.repeats), str(a.new_tokens))
-            print(case, b, r, flush=True)
-            results.setdefault(case, {})[b] = r
+    results = run_grid(CHILD, a.cases.split(","), a.backends.split(","), str(a.repeats), str(a.new_tokens))
     stamp = f"Taken {datetime.date.today()} by `{report.command('quantized-decoding', argv)}`."
     report.write_section(a.out, "quantized-decoding", [stamp, report.machine_line(), "", *table(results)],
                          title="# Quantized decoding (Options.quantize)")

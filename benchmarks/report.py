@@ -106,6 +106,21 @@ def geomean(xs) -> float:
     return statistics.geometric_mean(xs) if xs else float("nan")
 
 
+def case_tables(results: dict, heading, header: str, align: str, row) -> list[str]:
+    """One Markdown table per case of ``results`` (case -> backend -> a child's result):
+    ``heading(case, by_backend)`` above it, the ``header`` and ``align`` lines, and a row
+    per backend, ``row(backend, result, by_backend)``, or the child's error in the first
+    cell with the other cells empty."""
+    blanks = " |" * (header.count("|") - 3)
+    lines = []
+    for case, by_backend in results.items():
+        lines += [heading(case, by_backend), "", header, align]
+        for b, r in by_backend.items():
+            lines.append(f"| {b} | failed: {r['error']} |{blanks}" if "error" in r else row(b, r, by_backend))
+        lines.append("")
+    return lines
+
+
 def write_section(path: str, marker: str, lines: list[str], title: str | None = None) -> None:
     """Replace the section between ``<!-- marker -->`` and ``<!-- /marker -->`` in ``path``
     (appended if missing; a new file starts with ``title``), leaving the rest of the file

@@ -174,6 +174,18 @@ def run_child(script: str, *args: str, timeout: int = 3600, cache_dir: str | Non
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def run_grid(script: str, cases: list[str], backends: list[str], *args: str) -> dict:
+    """case -> backend -> ``script``'s result for that pair, each in a fresh process
+    (``run_child``), printed as it comes."""
+    results: dict = {}
+    for case in cases:
+        for b in backends:
+            r = run_child(script, case, b, *args)
+            print(case, b, r, flush=True)
+            results.setdefault(case, {})[b] = r
+    return results
+
+
 def mib(b: float) -> str:
     return f"{b / 2**20:.0f}"
 
@@ -183,33 +195,27 @@ def ratio(a: float, b: float) -> str:
 
 
 def memory_table(results: dict) -> list[str]:
-    lines = []
-    for case, by_backend in results.items():
-        e = by_backend.get("eager", {})
-        ind = by_backend.get("inductor", {})
+    def heading(case, by_backend):
         weights = next((r["weights"] for r in by_backend.values() if "weights" in r), 0)
-        lines += [
-            f"### {case} (weights {mib(weights)} MiB)",
-            "",
-            "| backend | first s | steady ms | vs eager | vs inductor | baseline MiB | peak MiB (first call) "
-            "| peak / eager's | resident MiB | resident / eager's | trimmed MiB | ORT runs |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for b, r in by_backend.items():
-            if "error" in r:
-                lines.append(f"| {b} | failed: {r['error']} |" + " |" * 10)
-                continue
-            ok_e, ok_i = "steady" in e, "steady" in ind
-            lines.append(
-                f"| {b} | {r['first']:.1f} | {r['steady'] * 1e3:.1f} "
-                f"| {ratio(e['steady'], r['steady']) if ok_e else '-'} "
-                f"| {ratio(ind['steady'], r['steady']) if ok_i else '-'} "
-                f"| {mib(r['baseline'])} | {mib(r['peak_first'])} "
-                f"| {ratio(r['peak_first'], e['peak_first']) if ok_e else '-'} | {mib(r['resident'])} "
-                f"| {ratio(r['resident'], e['resident']) if ok_e else '-'} | {mib(r['trimmed'])} | {r['ort_runs']} |"
-            )
-        lines.append("")
-    return lines
+        return f"### {case} (weights {mib(weights)} MiB)"
+
+    def row(b, r, by_backend):
+        e, ind = by_backend.get("eager", {}), by_backend.get("inductor", {})
+        ok_e, ok_i = "steady" in e, "steady" in ind
+        return (
+            f"| {b} | {r['first']:.1f} | {r['steady'] * 1e3:.1f} "
+            f"| {ratio(e['steady'], r['steady']) if ok_e else '-'} "
+            f"| {ratio(ind['steady'], r['steady']) if ok_i else '-'} "
+            f"| {mib(r['baseline'])} | {mib(r['peak_first'])} "
+            f"| {ratio(r['peak_first'], e['peak_first']) if ok_e else '-'} | {mib(r['resident'])} "
+            f"| {ratio(r['resident'], e['resident']) if ok_e else '-'} | {mib(r['trimmed'])} | {r['ort_runs']} |"
+        )
+
+    return report.case_tables(
+        results, heading,
+        "| backend | first s | steady ms | vs eager | vs inductor | baseline MiB | peak MiB (first call) "
+        "| peak / eager's | resident MiB | resident / eager's | trimmed MiB | ORT runs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", row)
 
 
 def speed_table(results: dict) -> list[str]:
