@@ -49,11 +49,6 @@ def _quantizer(options: Options):
     return DefaultWeightOnlyQuantizer(config)
 
 
-def _attr(node: ir.Node, name: str, default):
-    attr = node.attributes.get(name)
-    return default if attr is None else attr.value
-
-
 def _float_matrix(value: ir.Value | None) -> np.ndarray | None:
     """The float32 2-D array an initializer holds, or None."""
     if value is None or not value.is_initializer() or value.const_value is None:
@@ -69,20 +64,19 @@ def _weight_kn(node: ir.Node) -> tuple[np.ndarray, ir.Value, ir.Node | None, boo
     between them (or None), and whether the array is the initializer transposed; None
     where ``node`` is no product by a frozen float32 matrix in a form MatMulNBits
     computes."""
+    attrs = node.attributes
     if node.domain == _MS_DOMAIN and node.op_type == "FusedMatMul":  # onnxscript's fusion of Transpose + MatMul
-        if _attr(node, "transA", 0) or _attr(node, "alpha", 1.0) != 1.0 or _attr(node, "transBatchA", 0) \
-                or _attr(node, "transBatchB", 0):
+        if attrs.get_int("transBatchA", 0) or attrs.get_int("transBatchB", 0):
             return None
-        trans_b = _attr(node, "transB", 0)
     elif node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm"):
         return None
-    else:
-        trans_b = 0
-    if node.op_type == "Gemm":
-        if _attr(node, "transA", 0) or _attr(node, "alpha", 1.0) != 1.0 or (
-                len(node.inputs) > 2 and node.inputs[2] is not None and _attr(node, "beta", 1.0) != 1.0):
-            return None
-        trans_b = _attr(node, "transB", 0)
+    # Gemm's and FusedMatMul's attributes (a MatMul has none: the defaults hold)
+    if attrs.get_int("transA", 0) or attrs.get_float("alpha", 1.0) != 1.0:
+        return None
+    if node.op_type == "Gemm" and len(node.inputs) > 2 and node.inputs[2] is not None \
+            and attrs.get_float("beta", 1.0) != 1.0:
+        return None
+    trans_b = attrs.get_int("transB", 0)
     b = node.inputs[1]
     array = _float_matrix(b)
     if array is not None:
@@ -90,7 +84,7 @@ def _weight_kn(node: ir.Node) -> tuple[np.ndarray, ir.Value, ir.Node | None, boo
     producer = b.producer() if b is not None else None
     if producer is None or producer.op_type != "Transpose" or producer.domain not in ("", "ai.onnx"):
         return None
-    if list(_attr(producer, "perm", [1, 0])) != [1, 0] or len(b.uses()) != 1:
+    if list(producer.attributes.get_ints("perm", [1, 0])) != [1, 0] or len(b.uses()) != 1:
         return None
     array = _float_matrix(producer.inputs[0])
     if array is None:
