@@ -168,23 +168,21 @@ def release(name: str, device: str) -> None:
     _stage("done")
 
 
-def pinned(device: str, models: str | None, calls: int) -> None:
+def pinned(device: str, models: str | None, min_time: float) -> None:
     import subprocess
 
     for setting in ("session", "process"):
         _stage(f"cuda_pinned_memory={setting!r}, a fresh process")
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "pinned_child", "--setting", setting,
-                               "--device", device, "--calls", str(calls)] + (["--model", models] if models else []),
+                               "--device", device, "--min-time", str(min_time)] + (["--model", models] if models else []),
                               text=True)
         print(f"cuda_pinned_memory={setting!r}: exit status {proc.returncode}"
               f"{' (aborted)' if proc.returncode in (-6, 134) else ''}", flush=True)
 
 
-def pinned_child(setting: str, device: str, models: str | None, calls: int) -> None:
-    import statistics
-    import time
-
+def pinned_child(setting: str, device: str, models: str | None, min_time: float) -> None:
     import lort
+    import timing
     from lort.testing.models import CUDA_CASES, output_tensor
     from run import CUDA_SCENARIOS
 
@@ -210,18 +208,9 @@ def pinned_child(setting: str, device: str, models: str | None, calls: int) -> N
                 out.float().pow(2).mean().backward()
                 return out
 
-            for _ in range(3):
-                step()
-            samples = []
-            for _ in range(7):
-                _sync(device)
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    step()
-                _sync(device)
-                samples.append((time.perf_counter() - t0) / calls * 1e3)
-            print(f"{name} {scenario} [{setting}]: {statistics.median(samples):.3f} ms "
-                  f"(min {min(samples):.3f}, max {max(samples):.3f})", flush=True)
+            seconds = timing.timed_interleaved({"step": step}, min_time=min_time, repeats=7,
+                                               sync=lambda: _sync(device))["step"]
+            print(f"{name} {scenario} [{setting}]: {seconds * 1e3:.3f} ms", flush=True)
             y = big
             for _ in range(6):
                 y = torch.tanh(y @ big)
@@ -241,7 +230,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["precision", "by_op", "release", "pinned", "pinned_child"])
     ap.add_argument("--setting", default="session", help="pinned_child: Options.cuda_pinned_memory")
-    ap.add_argument("--calls", type=int, default=20, help="pinned: calls per timed sample (7 samples)")
+    ap.add_argument("--min-time", type=float, default=1.0,
+                    help="pinned: seconds of timed calls per case (benchmarks/timing.py, 7 samples)")
     ap.add_argument("--model", default=None,
                     help="default: transformer (precision), vit (release), bert,gpt2 (pinned)")
     ap.add_argument("--device", default="cuda", help="cuda (what it is for), or cpu to try the script")
@@ -253,9 +243,9 @@ def main() -> int:
     elif a.what == "release":
         release(a.model or "vit", a.device)
     elif a.what == "pinned":
-        pinned(a.device, a.model, a.calls)
+        pinned(a.device, a.model, a.min_time)
     else:
-        pinned_child(a.setting, a.device, a.model, a.calls)
+        pinned_child(a.setting, a.device, a.model, a.min_time)
     return 0
 
 
