@@ -27,7 +27,7 @@ ENV_FREEZE_MAX_MB = "LORT_FREEZE_MAX_MB"
 ENV_ENGINES = "LORT_ENGINES"
 FREEZE_MODES = ("auto", True, False)
 CUDA_PINNED_MEMORY = ("session", "process")
-QUANTIZE_SCHEMES = (None, "int4", "int8")
+QUANTIZE_SCHEMES = (None, "int4", "int8", "int8_dynamic")
 QUANTIZE_BLOCK_SIZES = (16, 32, 64, 128, 256)
 
 
@@ -179,23 +179,29 @@ class Options:
     #: float32 weight matrix runs as ORT's ``MatMulNBits`` over the weight quantized in
     #: blocks along its input dimension (compile/quantize.py; onnxruntime's quantizer
     #: computes the numbers). ``"int4"``, ``"int8"``: 4- or 8-bit weights, float32
-    #: activations. Results then differ from eager's by the quantization's own error.
+    #: activations (what decoding wants: its speed is bytes of weights per token).
+    #: ``"int8_dynamic"``: 8-bit weights, one scale and zero point per output column,
+    #: and activations quantized to 8 bits on each call (ORT's ``DynamicQuantizeMatMul``,
+    #: integer products: what encoders and batched inputs want); uint8 weights, whose
+    #: products no x86-64 CPU saturates (int8 weights saturate on CPUs without VNNI).
+    #: Results then differ from eager's by the quantization's own error.
     #: Inference on CPU only, with ``executor="ort"`` (a quantized group must run in ORT)
     #: and frozen weights (``freeze`` not ``False``; freeze_max_mb does not apply: ORT
-    #: holds the quantized copy only). One of ``None``, ``"int4"``, ``"int8"``; default
-    #: ``None`` (off).
+    #: holds the quantized copy only). One of ``None``, ``"int4"``, ``"int8"``,
+    #: ``"int8_dynamic"``; default ``None`` (off).
     quantize: str | None = None
     #: Weights per quantization block (one scale, and one zero point unless
-    #: ``quantize_symmetric``), along the weight's input dimension. One of 16, 32, 64,
-    #: 128, 256; default ``32``.
+    #: ``quantize_symmetric``), along the weight's input dimension ("int4", "int8";
+    #: "int8_dynamic" has one block per output column). One of 16, 32, 64, 128, 256;
+    #: default ``32``.
     quantize_block_size: int = 32
-    #: Symmetric quantization (no zero points) instead of asymmetric. A bool; default
-    #: ``False``.
+    #: Symmetric quantization (no zero points; "int8_dynamic": the zero point 128 of
+    #: its uint8 weights) instead of asymmetric. A bool; default ``False``.
     quantize_symmetric: bool = False
     #: MatMulNBits' ``accuracy_level``: the precision its CPU kernel computes in: 0
     #: (unset: the kernel's default), 1 (float32), 2 (float16), 3 (bfloat16), 4 (int8:
-    #: activations quantized per block, the fastest where the CPU has VNNI/AVX-512). An
-    #: int 0-4; default ``4``.
+    #: activations quantized per block, the fastest where the CPU has VNNI/AVX-512);
+    #: "int8_dynamic" has none. An int 0-4; default ``4``.
     quantize_accuracy_level: int = 4
     #: Write convolution_backward as convolutions so it runs in ORT. Off by default:
     #: slower than PyTorch's kernels on CPU (benchmarks/studies/conv_backward.md). A bool;
@@ -343,7 +349,8 @@ class Options:
     def _check_quantize(self) -> None:
         if self.quantize not in QUANTIZE_SCHEMES:
             raise ValueError(f"lort option quantize={self.quantize!r} is not one of {QUANTIZE_SCHEMES}: 'int4' or "
-                             "'int8' quantizes frozen weight matrices for inference, None leaves them float32")
+                             "'int8' quantizes frozen weight matrices for inference, 'int8_dynamic' also each "
+                             "call's activations, None leaves them float32")
         if not isinstance(self.quantize_block_size, int) or isinstance(self.quantize_block_size, bool) \
                 or self.quantize_block_size not in QUANTIZE_BLOCK_SIZES:
             raise ValueError(f"lort option quantize_block_size={self.quantize_block_size!r} is not one of "

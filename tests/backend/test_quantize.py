@@ -122,12 +122,185 @@ def test_int8_compute_stays_near_the_dequantized_reference():
     assert rel < 0.02, rel
 
 
-def test_quantized_model_through_ortmodule_matches_the_reference():
+# int8_dynamic: uint8 weights per output column, activations quantized per call.
+
+
+def _dynamic_weight(w_kn: np.ndarray, symmetric: bool) -> torch.Tensor:
+    """``w_kn`` quantized per column by onnxruntime's own quantize_data (its per-channel
+    quantizer's loop), dequantized: [K, N] float64."""
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import quantize_data
+
+    cols = []
+    for j in range(w_kn.shape[1]):
+        zero_point, scale, q = quantize_data(np.ascontiguousarray(w_kn[:, j]), TensorProto.UINT8, symmetric)
+        cols.append((q.astype(np.float64) - float(zero_point)) * float(scale))
+    return torch.from_numpy(np.stack(cols, axis=1))
+
+
+def _dynamic_activation(x: torch.Tensor) -> torch.Tensor:
+    """ONNX's DynamicQuantizeLinear of ``x`` (one uint8 scale and zero point for the
+    tensor, float32 arithmetic), dequantized: float64."""
+    lo = np.float32(min(x.min().item(), 0.0))
+    hi = np.float32(max(x.max().item(), 0.0))
+    scale = np.float32((hi - lo) / np.float32(255))
+    if scale == 0:
+        return x.double()
+    zero_point = float(np.clip(np.round(-lo / scale), 0, 255))
+    q = torch.clamp(torch.round(x.float() / torch.tensor(scale)) + zero_point, 0, 255)
+    return (q.double() - zero_point) * float(scale)
+
+
+class _DynamicProduct(torch.nn.Module):
+    """What DynamicQuantizeMatMul computes for a layer: quantized activation times the
+    dequantized weight, exact in float64 (the integer products are exact)."""
+
+    def __init__(self, w_kn: np.ndarray, bias: torch.Tensor | None, symmetric: bool):
+        super().__init__()
+        self.w = _dynamic_weight(w_kn, symmetric)
+        self.b = None if bias is None else bias.detach().double()
+
+    def forward(self, x):
+        y = _dynamic_activation(x) @ self.w
+        return (y if self.b is None else y + self.b).float()
+
+
+def _dynamic_reference(model: torch.nn.Module, symmetric: bool = False) -> tuple[torch.nn.Module, int]:
+    """``model`` with each linear layer (and transformers' Conv1D) replaced by its
+    _DynamicProduct, and how many it replaced."""
+    from transformers.pytorch_utils import Conv1D
+
+    def product(layer):
+        if isinstance(layer, torch.nn.Linear):
+            return _DynamicProduct(layer.weight.detach().numpy().T, layer.bias, symmetric)
+        if isinstance(layer, Conv1D):  # weight [K, N]
+            return _DynamicProduct(layer.weight.detach().numpy(), layer.bias, symmetric)
+        return None
+
+    if product(model) is not None:
+        return product(model), 1
+    ref = copy.deepcopy(model)
+    changed = 0
+    for module in list(ref.modules()):
+        for name, child in list(module.named_children()):
+            replacement = product(child)
+            if replacement is not None:
+                setattr(module, name, replacement)
+                changed += 1
+    return ref, changed
+
+
+def test_per_column_quantization_is_onnxruntimes_quantize_data():
+    """lort's one-pass per-column quantization gives quantize_data's numbers column by
+    column, an all-zero and a constant column included."""
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import quantize_data
+
+    from lort.compile.quantize import _per_column_uint8
+
+    w = np.random.default_rng(0).standard_normal((96, 40)).astype(np.float32)
+    w[:, 3], w[:, 4], w[:, 5] = 0, 0.7, -2
+    for symmetric in (False, True):
+        q, scales, zero_points = _per_column_uint8(w, symmetric)
+        for j in range(w.shape[1]):
+            zero_point, scale, column = quantize_data(np.ascontiguousarray(w[:, j]), TensorProto.UINT8, symmetric)
+            assert (zero_point, scale) == (zero_points[j], scales[j]), (symmetric, j)
+            np.testing.assert_array_equal(column, q[:, j])
+
+
+class _ByParameter(torch.nn.Module):
+    """A product by a parameter with no Linear around it (a MatMul by an initializer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64, 48) * 0.1)
+
+    def forward(self, x):
+        return torch.relu(x @ self.w)
+
+
+def _one_product(form: str):
+    from transformers.pytorch_utils import Conv1D
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, 64)
+    if form == "linear":
+        return torch.nn.Linear(64, 48), x
+    if form == "linear_2d_no_bias":
+        return torch.nn.Linear(64, 48, bias=False), x[0]
+    if form == "conv1d":  # GPT-2's Gemm(x, W)
+        return Conv1D(48, 64), x
+    return _ByParameter(), x
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("form", ["linear", "linear_2d_no_bias", "conv1d", "by_parameter"])
+def test_int8_dynamic_product_matches_its_integer_reference(form, symmetric, caplog):
+    """One product in each form lort's graphs hold: DynamicQuantizeMatMul over lort's
+    uint8 weights equals the quantized activation times the dequantized weight within
+    float32's tolerances, an activation with large positive outliers included (u8s8
+    products saturate on CPUs without VNNI; uint8 weights do not)."""
+    import logging
+
+    model, x = _one_product(form)
+    model.eval()
+    x = x.clone()
+    x[..., :4] = x[..., :4].abs() * 20  # activations near 255 after quantization
+    if form == "by_parameter":
+        ref, changed = copy.deepcopy(model), 1
+        ref.w = None
+        w = _dynamic_weight(model.w.detach().numpy(), symmetric)
+        expected = torch.relu((_dynamic_activation(x) @ w).float())
+    else:
+        ref, changed = _dynamic_reference(model, symmetric)
+        expected = ref(x)
+    torch._dynamo.reset()
+    options = {"quantize": "int8_dynamic", "quantize_symmetric": symmetric, "executor": "ort", "disk_cache": False}
+    with caplog.at_level(logging.INFO, logger="lort"), torch.no_grad():
+        out = torch.compile(copy.deepcopy(model), backend="lort", options=options)(x)
+        eager = model(x)
+    torch.testing.assert_close(out, expected)
+    assert any("quantized 1 product(s) to int8_dynamic" in r.getMessage() for r in caplog.records)
+    assert (eager - out).abs().max() > 1e-3  # the quantization's own error is there
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
+def test_int8_dynamic_model_stays_at_its_reference(name, caplog):
+    """A whole model: every weight matrix quantized, and lort's output near the
+    reference that quantizes the same way, far nearer than to eager float32. Not
+    exact: a value that rounds to the other side of an activation's quantization step
+    (float32 differences of an ulp upstream) moves its layer's output by a step."""
+    import logging
+
+    from lort.testing.models import bert
+
+    model, args = bert(batch=2, seq=16, layers=2, hidden=64, heads=4) if name == "bert" else MODELS[name]()
+    model.eval()
+    ref, changed = _dynamic_reference(model)
+    torch._dynamo.reset()
+    options = {"quantize": "int8_dynamic", "executor": "ort", "disk_cache": False}
+    with caplog.at_level(logging.INFO, logger="lort"), torch.no_grad():
+        out = output_tensor(torch.compile(copy.deepcopy(model), backend="lort", options=options)(*args))
+        expected = output_tensor(ref(*args))
+        eager = output_tensor(model(*args))
+    quantized = sum(int(r.getMessage().split("quantized ")[1].split(" ")[0]) for r in caplog.records
+                    if "product(s) to int8_dynamic" in r.getMessage())
+    assert quantized == changed > 0
+
+    def rel(a, b):
+        return ((a - b).norm() / b.norm()).item()
+
+    assert rel(eager, expected) > 1e-4  # the quantization's own error
+    assert rel(out, expected) < 0.1 * rel(eager, expected), (rel(out, expected), rel(eager, expected))
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int8_dynamic"])
+def test_quantized_model_through_ortmodule_matches_the_reference(scheme):
     model, args = MODELS["mlp"]()
     model.eval()
-    ref, _ = _reference(model, "int8", 32, False)
+    ref = _reference(model, "int8", 32, False)[0] if scheme == "int8" else _dynamic_reference(model)[0]
     wrapped = lort.ORTModule(copy.deepcopy(model), options={
-        "quantize": "int8", "quantize_accuracy_level": 1, "executor": "ort", "disk_cache": False})
+        "quantize": scheme, "quantize_accuracy_level": 1, "executor": "ort", "disk_cache": False})
     with torch.no_grad():
         torch.testing.assert_close(wrapped(*args), ref(*args))
 
@@ -148,7 +321,7 @@ def test_training_through_a_quantized_model_is_a_clear_error(front_end):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"quantize": "int3"}, r"quantize='int3' is not one of \(None, 'int4', 'int8'\)"),
+    ({"quantize": "int3"}, r"quantize='int3' is not one of \(None, 'int4', 'int8', 'int8_dynamic'\)"),
     ({"quantize": "int4", "quantize_block_size": 48, "executor": "ort"}, r"quantize_block_size=48 is not one of"),
     ({"quantize": "int4", "quantize_accuracy_level": 7, "executor": "ort"}, r"must be an int 0-4"),
     ({"quantize": "int4", "quantize_accuracy_level": 4.0, "executor": "ort"}, r"must be an int 0-4"),

@@ -1,12 +1,20 @@
-"""Weight-only quantization of frozen weights (Options.quantize): each product of an
-activation by a frozen float32 weight matrix (a linear layer's ``Transpose(W) -> Gemm``,
-GPT-2's ``Gemm(x, W)``, a ``MatMul`` or onnxscript's ``FusedMatMul`` by a weight) becomes ORT's
-``com.microsoft.MatMulNBits`` over the weight quantized in blocks along K, with the
-bias added after. The numbers come from onnxruntime's own quantizer
-(``DefaultWeightOnlyQuantizer.qbits_block_quant``, its C++ kernels); lort only finds the
-products in its graph, which it knows. Inference only: a quantized weight has no
-gradient. The quantized arrays become the session's initializers (external data, owned
-like frozen weights); the float32 weight leaves the session."""
+"""Quantization of frozen weights (Options.quantize): each product of an activation by a
+frozen float32 weight matrix (a linear layer's ``Transpose(W) -> Gemm``, GPT-2's
+``Gemm(x, W)``, a ``MatMul`` or onnxscript's ``FusedMatMul`` by a weight) becomes, with the
+bias added after:
+
+- "int4", "int8" (weight-only): ORT's ``com.microsoft.MatMulNBits`` over the weight
+  quantized in blocks along K. The numbers come from onnxruntime's own quantizer
+  (``DefaultWeightOnlyQuantizer.qbits_block_quant``, its C++ kernels).
+- "int8_dynamic": ORT's ``com.microsoft.DynamicQuantizeMatMul``, which quantizes its
+  activation per call and multiplies in integers, over uint8 weights with a scale and
+  zero point per output column: onnxruntime's ``quant_utils.quantize_data`` per column
+  (as its per-channel quantizer calls it), in one vectorized pass (_per_column_uint8;
+  a test checks it against quantize_data).
+
+lort only finds the products in its graph, which it knows. Inference only: a quantized
+weight has no gradient. The quantized arrays become the session's initializers
+(external data, owned like frozen weights); the float32 weight leaves the session."""
 
 from __future__ import annotations
 
@@ -23,7 +31,7 @@ from ..options import Options
 logger = logging.getLogger("lort")
 
 #: Options.quantize -> bits per weight.
-BITS = {"int4": 4, "int8": 8}
+BITS = {"int4": 4, "int8": 8, "int8_dynamic": 8}
 _MS_DOMAIN = "com.microsoft"
 
 
@@ -38,6 +46,10 @@ class QuantizeResult:
 
 
 def _quantizer(options: Options):
+    """A function of a [K, N] float32 array -> (quantized weights, scales, zero points)
+    as the scheme's ORT operator takes them."""
+    if options.quantize == "int8_dynamic":
+        return lambda w_kn: _per_column_uint8(w_kn, options.quantize_symmetric)
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
         DefaultWeightOnlyQuantizer,
@@ -46,7 +58,27 @@ def _quantizer(options: Options):
     config = DefaultWeightOnlyQuantConfig(
         block_size=options.quantize_block_size, is_symmetric=options.quantize_symmetric,
         accuracy_level=options.quantize_accuracy_level, bits=BITS[options.quantize])
-    return DefaultWeightOnlyQuantizer(config)
+    return DefaultWeightOnlyQuantizer(config).qbits_block_quant
+
+
+def _per_column_uint8(w_kn: np.ndarray, symmetric: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``w_kn`` quantized to uint8 per column: ([K, N] uint8, [N] float32 scales, [N]
+    uint8 zero points), the numbers of onnxruntime's ``quantize_data(column, UINT8,
+    symmetric)`` (compute_scale_zp, quantize_nparray) for every column at once; its own
+    loop over columns takes about a second per BERT-base feed-forward matrix."""
+    rmin = np.minimum(w_kn.min(axis=0), np.float32(0))
+    rmax = np.maximum(w_kn.max(axis=0), np.float32(0))
+    if symmetric:
+        rmax = np.maximum(-rmin, rmax)
+        rmin = -rmax
+    scale64 = (rmax.astype(np.float64) - rmin.astype(np.float64)) / 255.0
+    flat = scale64 < np.finfo(np.float32).tiny  # an all-zero column: ORT's scale 1, zero point 0
+    safe = np.where(flat, 1.0, scale64)
+    zero_point = np.full(rmin.shape, 128.0) if symmetric else np.round(-rmin / safe)
+    zero_point = np.where(flat, 0.0, zero_point).astype(np.uint8)
+    scale = np.where(flat, 1.0, scale64).astype(np.float32)
+    q = np.round(w_kn.astype(np.float32) / scale) + zero_point
+    return np.clip(q, 0, 255).astype(np.uint8), scale, zero_point
 
 
 def _float_matrix(value: ir.Value | None) -> np.ndarray | None:
@@ -100,7 +132,8 @@ _quantized: dict[int, tuple[weakref.ref, dict]] = {}
 
 
 def _settings(options: Options) -> tuple:
-    return (options.quantize, options.quantize_block_size, options.quantize_symmetric)
+    block = None if options.quantize == "int8_dynamic" else options.quantize_block_size
+    return (options.quantize, block, options.quantize_symmetric)
 
 
 def _quantized_arrays(quantizer, w_kn: np.ndarray, source: torch.Tensor | None, transposed: bool, options: Options):
@@ -110,7 +143,7 @@ def _quantized_arrays(quantizer, w_kn: np.ndarray, source: torch.Tensor | None, 
     held = _quantized.get(id(source)) if source is not None else None
     if held is not None and held[0]() is source and key in held[1]:
         return held[1][key]
-    arrays = quantizer().qbits_block_quant(np.ascontiguousarray(w_kn, dtype=np.float32))
+    arrays = quantizer()(np.ascontiguousarray(w_kn, dtype=np.float32))
     if source is not None:
         if held is None or held[0]() is not source:
             ident = id(source)
@@ -150,13 +183,17 @@ def quantize_products(model: ir.Model, options: Options, sources: dict[str, torc
         base = weight.name or f"w{result.products}"
         inputs = [node.inputs[0], _initializer(graph, f"{base}_q{BITS[options.quantize]}", packed),
                   _initializer(graph, f"{base}_scales", scales)]
-        if not options.quantize_symmetric:
+        dynamic = options.quantize == "int8_dynamic"
+        if dynamic or not options.quantize_symmetric:  # int8_dynamic's symmetric zero point is 128
             inputs.append(_initializer(graph, f"{base}_zero_points", zero_points))
-        attributes = [ir.AttrInt64("K", k), ir.AttrInt64("N", n), ir.AttrInt64("bits", BITS[options.quantize]),
-                      ir.AttrInt64("block_size", options.quantize_block_size)]
-        if options.quantize_accuracy_level:
-            attributes.append(ir.AttrInt64("accuracy_level", options.quantize_accuracy_level))
-        product = ir.Node(_MS_DOMAIN, "MatMulNBits", inputs, attributes, name=f"{node.name}_nbits")
+        if dynamic:
+            product = ir.Node(_MS_DOMAIN, "DynamicQuantizeMatMul", inputs, name=f"{node.name}_dq")
+        else:
+            attributes = [ir.AttrInt64("K", k), ir.AttrInt64("N", n), ir.AttrInt64("bits", BITS[options.quantize]),
+                          ir.AttrInt64("block_size", options.quantize_block_size)]
+            if options.quantize_accuracy_level:
+                attributes.append(ir.AttrInt64("accuracy_level", options.quantize_accuracy_level))
+            product = ir.Node(_MS_DOMAIN, "MatMulNBits", inputs, attributes, name=f"{node.name}_nbits")
         new_nodes = [product]
         out = product.outputs[0]
         bias = node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 else None
@@ -172,8 +209,7 @@ def quantize_products(model: ir.Model, options: Options, sources: dict[str, torc
             graph.initializers.pop(weight.name, None)
         result.products += 1
         result.float_bytes += w_kn.size * 4
-        result.quantized_bytes += packed.nbytes + scales.nbytes + (0 if options.quantize_symmetric
-                                                                  else zero_points.nbytes)
+        result.quantized_bytes += sum(v.const_value.nbytes for v in inputs[1:])
     if result.products:
         model.opset_imports.setdefault(_MS_DOMAIN, 1)
         logger.info("lort: quantized %d product(s) to %s: %.1f MiB of float32 weights -> %.1f MiB",
