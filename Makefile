@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench docs conformance install native clean
+.PHONY: demo test bench bench-peers docs conformance install native clean
 
 $(STAMP): pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,18 @@ $(BENCH_STAMP): $(STAMP)
 bench: native $(BENCH_STAMP)
 	$(PY) -m benchmarks speed $(ARGS)
 	$(PY) -m benchmarks charts
+
+# The peers of the quantized suites: torchao, ORT GenAI and llama.cpp (llama-cpp-python
+# builds from source: a C++ compiler and cmake, about 15 minutes on 2 cores), then those
+# suites (an hour and more on 2 cores). Results: benchmarks/results/quantized_decoding.md.
+PEERS_STAMP := $(VENV)/.peers-installed
+$(PEERS_STAMP): $(STAMP)
+	$(PY) -m pip install -e '.[peers]'
+	touch $(PEERS_STAMP)
+
+bench-peers: native $(PEERS_STAMP)
+	$(PY) -m benchmarks quantized-encoder
+	$(PY) -m benchmarks quantized-decoding $(ARGS)
 
 # The documentation site (Sphinx, MyST Markdown), warnings as errors: docs/_build/html.
 DOCS_STAMP := $(VENV)/.docs-installed

@@ -41,6 +41,9 @@ SUITES = [
     Suite("quantized-decoding", "quantized_decoding.py", "greedy decoding with int8 and int4 weights "
           "(Options.quantize) against float32: ms per token, first generate, RSS, logits error, same tokens",
           ["results/quantized_decoding.md"]),
+    Suite("quantized-encoder", "quantized_encoder.py", "BERT-base inference with 8-bit dynamic quantization "
+          "(Options.quantize='int8_dynamic') against eager, PyTorch's dynamic quantization, torchao and lort "
+          "float32", ["results/quantized_decoding.md"]),
     Suite("engine-limit", "engine_limit.py", "CNN and vision-transformer families against the whole model in one "
           "ORT session, spinning off and on (writes results/engine_limit_run.md)", ["results/engine_limit.md"]),
     Suite("memory", "memory.py", "peak and steady RSS of 20 training steps, eager vs inductor vs lort",

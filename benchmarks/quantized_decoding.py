@@ -10,22 +10,40 @@ layers, 16 heads with 4 key/value heads, SwiGLU 4864, a 32000-token vocabulary) 
 
 Each (case, backend) runs in a fresh process with an empty lort cache. It builds the
 model, generates once in eager float32 (the reference tokens, and the prompt's logits),
-then for lort replaces ``model.forward`` with ``torch.compile(model.forward,
-backend="lort", options=...)`` (``executor="ort"``; ``quantize`` for int8/int4, its other
-settings at their defaults: blocks of 32, asymmetric, int8 compute) and:
+then:
 
-- **first s**: the first generate, compiles included;
+- ``lort``, ``lort_int8``, ``lort_int4``: replaces ``model.forward`` with
+  ``torch.compile(model.forward, backend="lort", options=...)`` (``executor="ort"``;
+  ``quantize`` for int8/int4, its other settings at their defaults: blocks of 32,
+  asymmetric, int8 compute);
+- ``torchao_int8``, ``torchao_int4`` (PyTorch's way): torchao's ``quantize_`` with
+  ``Int8WeightOnlyConfig()`` or, for CPU int4, ``PrototypeInt4WeightOnlyConfig(group_size=32)``
+  (``_weight_int4pack_mm_for_cpu``), then ``torch.compile(model.forward)`` (inductor);
+  float32 activations, as every other row;
+- ``ortgenai_int8``, ``ortgenai_int4``: ORT GenAI's model builder on the checkpoint
+  saved locally, with lort's quantization settings (benchmarks/peer_ortgenai.py;
+  Llama only: its builder has no GPT-2);
+- ``llamacpp_q8_0``, ``llamacpp_q4_0``: llama.cpp through llama-cpp-python, a GGUF
+  converted from the same checkpoint and quantized to Q8_0 / Q4_0
+  (benchmarks/peer_llamacpp.py).
+
+The peers need ``make bench-peers``. For ORT GenAI and llama.cpp the PyTorch model leaves
+the process once the peer is built, so their RSS is the peer's own; the other rows keep
+the model's float32 weights (torchao replaces them by its quantized tensors).
+
+- **first s**: the first generate, compiles included (for ORT GenAI and llama.cpp: the
+  build or conversion from the saved checkpoint, then the first generate);
 - **ms / token**: the median of ``--repeats`` later generates, divided by the new tokens
   (prefill included); **vs eager**: eager's process's ms / token divided by this one's;
 - **RSS MiB**: resident memory after the timed generates, and its peak (VmHWM) over the
-  whole process; the model's float32 weights stay in the process in every row;
+  whole process;
 - **logits rel. error**: ||logits - eager's|| / ||eager's|| over the prompt's forward;
 - **same tokens**: the share of the 32 greedy tokens equal to eager float32's. Random
   weights give nearly flat logits, so greedy tokens flip at small errors: this figure is
   harsher here than on a trained model.
 
     python -m benchmarks quantized-decoding [--cases llama_0.5b,llama_1.5b,gpt2_medium]
-        [--backends eager,lort,lort_int8,lort_int4]
+        [--backends eager,lort,lort_int8,lort_int4,torchao_int4,ortgenai_int4,llamacpp_q4_0,...]
 
 Writes the ``quantized-decoding`` section of benchmarks/results/quantized_decoding.md.
 """
@@ -42,7 +60,8 @@ sys.path.insert(0, HERE)
 import report  # noqa: E402
 from scale import run_grid  # noqa: E402
 
-BACKENDS = ["eager", "lort", "lort_int8", "lort_int4"]
+BACKENDS = ["eager", "lort", "lort_int8", "lort_int4", "torchao_int8", "torchao_int4", "ortgenai_int8",
+            "ortgenai_int4", "llamacpp_q8_0", "llamacpp_q4_0"]
 CASES = ["llama_0.5b", "llama_1.5b", "gpt2_medium"]
 
 CHILD = r"""
@@ -72,27 +91,45 @@ kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=
 with torch.no_grad():
     want_logits = model(ids).logits
 want = model.generate(ids, **kw)
-if backend != "eager":
-    options = {"executor": "ort"}
-    if backend != "lort":
-        options["quantize"] = backend.split("_")[1]
-    model.forward = torch.compile(model.forward, backend="lort", options=options)
+params = sum(p.numel() for p in model.parameters())
 t0 = time.perf_counter()
-got = model.generate(ids, **kw)
+if backend.startswith(("ortgenai", "llamacpp")):  # a peer runtime, from the checkpoint saved locally
+    import gc, importlib, tempfile
+    kind, scheme = backend.split("_", 1)
+    runner = importlib.import_module("peer_" + kind).prepare(model, tempfile.mkdtemp(prefix="lort-peer-"), scheme)
+    del model
+    gc.collect()  # the peer's own footprint: the PyTorch model leaves the process
+    generate = lambda: runner.generate(ids, new)
+    prompt_logits = lambda: runner.logits(ids)
+else:
+    if backend.startswith("torchao"):  # PyTorch's way: torchao's weight-only configs, inductor
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+        from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+        quantize_(model, PrototypeInt4WeightOnlyConfig(group_size=32) if backend.endswith("int4")
+                  else Int8WeightOnlyConfig())
+        model.forward = torch.compile(model.forward)
+    elif backend != "eager":
+        options = {"executor": "ort"}
+        if backend != "lort":
+            options["quantize"] = backend.split("_")[1]
+        model.forward = torch.compile(model.forward, backend="lort", options=options)
+    generate = lambda: model.generate(ids, **kw)
+    def prompt_logits():
+        with torch.no_grad():
+            return model(ids).logits
+got = generate()
 first = time.perf_counter() - t0
 times = []
 for _ in range(repeats):
     t0 = time.perf_counter()
-    got = model.generate(ids, **kw)
+    got = generate()
     times.append(time.perf_counter() - t0)
-with torch.no_grad():
-    logits = model(ids).logits
+logits = prompt_logits()
 rel = ((logits - want_logits).norm() / want_logits.norm()).item()
 same = (got[0, ids.shape[1]:] == want[0, ids.shape[1]:]).float().mean().item()
 s = rss.status()
 print(json.dumps({"first": first, "per_token": statistics.median(times) / new, "rss": s["VmRSS"],
-                  "peak": s["VmHWM"], "rel": rel, "same": same,
-                  "params": sum(p.numel() for p in model.parameters())}))
+                  "peak": s["VmHWM"], "rel": rel, "same": same, "params": params}))
 """
 
 
@@ -131,7 +168,8 @@ def main(argv=None) -> None:
             ap.error(f"unknown case {case!r}; choose from {CASES}")
     results = run_grid(CHILD, a.cases.split(","), a.backends.split(","), str(a.repeats), str(a.new_tokens))
     stamp = f"Taken {datetime.date.today()} by `{report.command('quantized-decoding', argv)}`."
-    report.write_section(a.out, "quantized-decoding", [stamp, report.machine_line(), "", *table(results)],
+    report.write_section(a.out, "quantized-decoding", [stamp, report.machine_line(), report.peers_line(("torchao", "onnxruntime-genai", "llama-cpp-python", "gguf")), "",
+                                                    *table(results)],
                          title="# Quantized decoding (Options.quantize)")
 
 

@@ -100,6 +100,11 @@ def machine_line() -> str:
     return f"Machine: {machine()}."
 
 
+def peers_line(dists: tuple[str, ...]) -> str:
+    """``Peers: torchao X, ...`` (the peers' installed versions, or "absent")."""
+    return "Peers: " + ", ".join(f"{d} {version(d)}" for d in dists) + "."
+
+
 def geomean(xs) -> float:
     """The geometric mean of ratios (nan for none)."""
     xs = list(xs)
