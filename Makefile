@@ -39,11 +39,12 @@ bench: native $(BENCH_STAMP)
 	$(PY) -m benchmarks charts
 
 # The peers of the quantized suites: torchao, ORT GenAI and llama.cpp (llama-cpp-python
-# builds from source: a C++ compiler and cmake, about 15 minutes on 2 cores), then those
+# builds from source: a C++ compiler and cmake, 16 minutes on 2 cores), then those
 # suites (an hour and more on 2 cores). Results: benchmarks/results/quantized_decoding.md.
 PEERS_STAMP := $(VENV)/.peers-installed
 $(PEERS_STAMP): $(STAMP)
-	$(PY) -m pip install -e '.[peers]'
+	# GGML_NATIVE: llama.cpp for this CPU; --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS
+	CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=2 $(PY) -m pip install --no-cache-dir -e '.[peers]'
 	touch $(PEERS_STAMP)
 
 bench-peers: native $(PEERS_STAMP)

@@ -96,7 +96,8 @@ t0 = time.perf_counter()
 if backend.startswith(("ortgenai", "llamacpp")):  # a peer runtime, from the checkpoint saved locally
     import gc, importlib, tempfile
     kind, scheme = backend.split("_", 1)
-    runner = importlib.import_module("peer_" + kind).prepare(model, tempfile.mkdtemp(prefix="lort-peer-"), scheme)
+    work = tempfile.TemporaryDirectory(prefix="lort-peer-")  # removed at exit
+    runner = importlib.import_module("peer_" + kind).prepare(model, work.name, scheme)
     del model
     gc.collect()  # the peer's own footprint: the PyTorch model leaves the process
     generate = lambda: runner.generate(ids, new)

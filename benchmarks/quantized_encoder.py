@@ -14,11 +14,16 @@ Backends, each in a fresh process with empty caches:
 - ``lort``: ``torch.compile(model, backend="lort", options={"executor": "ort"})``;
 - ``lort_int8_dynamic``: the same with ``quantize="int8_dynamic"``.
 
-Figures: **first s** (the first call, compiles included), **ms / call** (median of
-interleaved samples, ``timing.timed_interleaved``, about ``--min-time`` seconds), **vs
-eager** (eager's process's ms / call over this one's), **RSS MiB** after the timed calls
-and its peak, and **rel. error**: ||out - eager's|| / ||eager's|| over the last hidden
-state, the quantization's own error for the quantized rows.
+Each process times its backend and eager float32 on the same model, interleaved
+(``timing.timed_interleaved``, about ``--min-time`` seconds each): the speed of a 2-core VM
+drifts by 20% between processes, not within one. So every process holds the float32
+model (torch.ao's quantize_dynamic returns a copy; torchao's quantize_ works on a copy).
+
+Figures: **first s** (the first call, compiles included), **ms / call** (median of the
+samples), **vs eager** (eager's ms / call in the same process over this backend's),
+**RSS MiB** after the timed calls and its peak, and **rel. error**: ||out - eager's|| /
+||eager's|| over the last hidden state, the quantization's own error for the quantized
+rows.
 
     python -m benchmarks quantized-encoder [--cases bert_base_b1,bert_base_b8] [--backends ...]
 
@@ -56,9 +61,11 @@ if backend == "torch_dynamic":
     from torch.ao.quantization import quantize_dynamic
     run = quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 elif backend == "torchao_int8_dynamic":
+    import copy
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
-    quantize_(model, Int8DynamicActivationInt8WeightConfig())
-    run = torch.compile(model)
+    run = copy.deepcopy(model)  # quantize_ works in place; eager's model stays for the interleaved timing
+    quantize_(run, Int8DynamicActivationInt8WeightConfig())
+    run = torch.compile(run)
 elif backend.startswith("lort"):
     import lort
     options = {"executor": "ort"}
@@ -70,10 +77,13 @@ else:
 t0 = time.perf_counter()
 out = run(ids).last_hidden_state
 first = time.perf_counter() - t0
-per_call = timing.timed_interleaved({backend: lambda: run(ids)}, min_time=min_time)[backend]
+fns = {"eager": lambda: model(ids)}
+if backend != "eager":
+    fns[backend] = lambda: run(ids)
+t = timing.timed_interleaved(fns, min_time=min_time)
 s = rss.status()
-print(json.dumps({"first": first, "per_call": per_call, "rss": s["VmRSS"], "peak": s["VmHWM"],
-                  "rel": ((out - want).norm() / want.norm()).item()}))
+print(json.dumps({"first": first, "per_call": t[backend], "vs_eager": t["eager"] / t[backend], "rss": s["VmRSS"],
+                  "peak": s["VmHWM"], "rel": ((out - want).norm() / want.norm()).item()}))
 """
 
 
@@ -83,7 +93,7 @@ def table(results: dict) -> list[str]:
 
     def row(b, r, by_backend):
         e = by_backend.get("eager", {})
-        vs = f"{e['per_call'] / r['per_call']:.2f}x" if "per_call" in e else "-"
+        vs = f"{r['vs_eager']:.2f}x"
         mem = f"{r['rss'] / e['rss']:.2f}x" if "rss" in e else "-"
         return (f"| {b} | {r['first']:.1f} | {r['per_call'] * 1e3:.1f} | {vs} | {r['rss'] / 2**20:.0f} "
                 f"| {r['peak'] / 2**20:.0f} | {mem} | {r['rel']:.2e} |")
