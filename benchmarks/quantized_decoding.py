@@ -27,14 +27,17 @@ then:
   converted from the same checkpoint and quantized to Q8_0 / Q4_0
   (benchmarks/peer_llamacpp.py).
 
-The peers need ``make bench-peers``. For ORT GenAI and llama.cpp the PyTorch model leaves
-the process once the peer is built, so their RSS is the peer's own; the other rows keep
-the model's float32 weights (torchao replaces them by its quantized tensors).
+The peers need ``make bench-peers``. Every process also times eager float32's generate,
+interleaved with its backend's (a 2-core VM's speed drifts by 20% between processes, not
+within one), so it holds the float32 model throughout; for torchao, ORT GenAI and
+llama.cpp the float32 model leaves the process before RSS is read (their RSS is their
+own; the peak is not), while lort's rows keep it: the module's own weights.
 
 - **first s**: the first generate, compiles included (for ORT GenAI and llama.cpp: the
   build or conversion from the saved checkpoint, then the first generate);
 - **ms / token**: the median of ``--repeats`` later generates, divided by the new tokens
-  (prefill included); **vs eager**: eager's process's ms / token divided by this one's;
+  (prefill included); **vs eager**: eager's ms / token in the same process divided by
+  this backend's;
 - **RSS MiB**: resident memory after the timed generates, and its peak (VmHWM) over the
   whole process;
 - **logits rel. error**: ||logits - eager's|| / ||eager's|| over the prompt's forward;
@@ -92,45 +95,69 @@ with torch.no_grad():
     want_logits = model(ids).logits
 want = model.generate(ids, **kw)
 params = sum(p.numel() for p in model.parameters())
+plain = model.forward
+
+
+def eager_generate():
+    model.forward = plain
+    return model.generate(ids, **kw)
+
+
 t0 = time.perf_counter()
 if backend.startswith(("ortgenai", "llamacpp")):  # a peer runtime, from the checkpoint saved locally
-    import gc, importlib, tempfile
+    import importlib, tempfile
     kind, scheme = backend.split("_", 1)
     work = tempfile.TemporaryDirectory(prefix="lort-peer-")  # removed at exit
     runner = importlib.import_module("peer_" + kind).prepare(model, work.name, scheme)
-    del model
-    gc.collect()  # the peer's own footprint: the PyTorch model leaves the process
     generate = lambda: runner.generate(ids, new)
     prompt_logits = lambda: runner.logits(ids)
 else:
     if backend.startswith("torchao"):  # PyTorch's way: torchao's weight-only configs, inductor
+        import copy
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
         from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
-        quantize_(model, PrototypeInt4WeightOnlyConfig(group_size=32) if backend.endswith("int4")
+        run = copy.deepcopy(model)  # quantize_ works in place; eager's model stays for the timing
+        quantize_(run, PrototypeInt4WeightOnlyConfig(group_size=32) if backend.endswith("int4")
                   else Int8WeightOnlyConfig())
-        model.forward = torch.compile(model.forward)
-    elif backend != "eager":
-        options = {"executor": "ort"}
-        if backend != "lort":
-            options["quantize"] = backend.split("_")[1]
-        model.forward = torch.compile(model.forward, backend="lort", options=options)
-    generate = lambda: model.generate(ids, **kw)
+        run.forward = torch.compile(run.forward)
+        generate = lambda: run.generate(ids, **kw)
+    else:
+        run = model
+        compiled = plain
+        if backend != "eager":
+            options = {"executor": "ort"}
+            if backend != "lort":
+                options["quantize"] = backend.split("_")[1]
+            compiled = torch.compile(plain, backend="lort", options=options)
+
+        def generate():
+            model.forward = compiled
+            return model.generate(ids, **kw)
+
     def prompt_logits():
         with torch.no_grad():
-            return model(ids).logits
+            return run(ids).logits
 got = generate()
 first = time.perf_counter() - t0
-times = []
-for _ in range(repeats):
-    t0 = time.perf_counter()
-    got = generate()
-    times.append(time.perf_counter() - t0)
+times, eager_times = [], []
+for _ in range(repeats):  # interleaved with eager float32 in this process: a VM's speed drifts between processes
+    for fn, into in ((generate, times), (eager_generate, eager_times)):
+        t0 = time.perf_counter()
+        out = fn()
+        into.append(time.perf_counter() - t0)
+        if fn is generate:
+            got = out
 logits = prompt_logits()
 rel = ((logits - want_logits).norm() / want_logits.norm()).item()
 same = (got[0, ids.shape[1]:] == want[0, ids.shape[1]:]).float().mean().item()
+if backend.startswith(("torchao", "ortgenai", "llamacpp")):
+    import gc
+    del model, plain, eager_generate
+    gc.collect()  # their own footprint: the float32 model leaves the process
 s = rss.status()
-print(json.dumps({"first": first, "per_token": statistics.median(times) / new, "rss": s["VmRSS"],
-                  "peak": s["VmHWM"], "rel": rel, "same": same, "params": params}))
+per_token, eager_per_token = statistics.median(times) / new, statistics.median(eager_times) / new
+print(json.dumps({"first": first, "per_token": per_token, "vs_eager": eager_per_token / per_token,
+                  "rss": s["VmRSS"], "peak": s["VmHWM"], "rel": rel, "same": same, "params": params}))
 """
 
 
@@ -141,7 +168,7 @@ def table(results: dict) -> list[str]:
 
     def row(b, r, by_backend):
         e = by_backend.get("eager", {})
-        vs = f"{e['per_token'] / r['per_token']:.2f}x" if "per_token" in e else "-"
+        vs = f"{r['vs_eager']:.2f}x"
         mem = f"{r['rss'] / e['rss']:.2f}x" if "rss" in e else "-"
         return (f"| {b} | {r['first']:.1f} | {r['per_token'] * 1e3:.1f} | {vs} | {r['rss'] / 2**20:.0f} "
                 f"| {r['peak'] / 2**20:.0f} | {mem} | {r['rel']:.2e} | {r['same'] * 100:.0f}% |")
