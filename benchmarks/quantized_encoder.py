@@ -89,7 +89,8 @@ print(json.dumps({"first": first, "per_call": t[backend], "vs_eager": t["eager"]
 
 def table(results: dict) -> list[str]:
     def heading(case, by_backend):
-        return f"### {case.replace('_b', ', batch ')} x 128 tokens"
+        model, batch = case.rsplit("_b", 1)
+        return f"### {model}, batch {batch} x 128 tokens"
 
     def row(b, r, by_backend):
         e = by_backend.get("eager", {})
