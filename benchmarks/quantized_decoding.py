@@ -135,6 +135,8 @@ else:
             return model.generate(ids, **kw)
 
     def prompt_logits():
+        if run is model:
+            model.forward = compiled  # eager_generate may have run last
         with torch.no_grad():
             return run(ids).logits
 got = generate()

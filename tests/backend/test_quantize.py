@@ -320,6 +320,19 @@ def test_training_through_a_quantized_model_is_a_clear_error(front_end):
     assert isinstance(error, QuantizationError) and isinstance(error, UnsupportedInputError), type(caught.value)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_model_that_is_not_float32_is_a_clear_error(dtype):
+    model, (x,) = MODELS["mlp"]()
+    model = model.eval().to(dtype)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="lort",
+                             options={"quantize": "int8_dynamic", "executor": "ort", "disk_cache": False})
+    with pytest.raises(Exception, match=rf"quantizes float32 models, and this graph has {str(dtype)[6:]}") as caught, \
+            torch.no_grad():
+        compiled(x.to(dtype))
+    assert isinstance(getattr(caught.value, "inner_exception", caught.value), QuantizationError)
+
+
 @pytest.mark.parametrize("options, message", [
     ({"quantize": "int3"}, r"quantize='int3' is not one of \(None, 'int4', 'int8', 'int8_dynamic'\)"),
     ({"quantize": "int4", "quantize_block_size": 48, "executor": "ort"}, r"quantize_block_size=48 is not one of"),

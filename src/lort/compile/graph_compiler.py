@@ -251,7 +251,8 @@ def _on_cuda(gm: torch.fx.GraphModule) -> bool:
 
 
 def _check_quantizable(kind: str, gm: torch.fx.GraphModule, scheme: str) -> None:
-    """Options.quantize covers inference on CPU: anything else is a clear error."""
+    """Options.quantize covers float32 inference on CPU: anything else is a clear error
+    (a float16 weight would otherwise stay unquantized without a word)."""
     if kind != "inference":
         raise QuantizationError(
             f"lort option quantize={scheme!r} is for inference only, and this graph trains (a {kind} graph: "
@@ -261,3 +262,11 @@ def _check_quantizable(kind: str, gm: torch.fx.GraphModule, scheme: str) -> None
         raise QuantizationError(
             f"lort option quantize={scheme!r} runs on CPU only for now, and this graph's tensors are on CUDA: "
             "move the model and inputs to the CPU, or leave quantize unset")
+    other = sorted({str(v.dtype).replace("torch.", "") for n in gm.graph.nodes if n.op == "placeholder"
+                    if isinstance(v := n.meta.get("val"), torch.Tensor) and v.is_floating_point()
+                    and v.dtype != torch.float32})
+    if other:
+        raise QuantizationError(
+            f"lort option quantize={scheme!r} quantizes float32 models, and this graph has {', '.join(other)} "
+            "tensors (ORT's quantized products take float32 activations and quantize float32 weights): call "
+            "model.float() and pass float32 inputs, or leave quantize unset")
