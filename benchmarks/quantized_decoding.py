@@ -61,7 +61,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import report  # noqa: E402
-from scale import run_grid  # noqa: E402
+from scale import grid_arguments, grid_choices, run_grid  # noqa: E402
 
 BACKENDS = ["eager", "lort", "lort_int8", "lort_int4", "torchao_int8", "torchao_int4", "ortgenai_int8",
             "ortgenai_int4", "llamacpp_q8_0", "llamacpp_q4_0"]
@@ -184,19 +184,12 @@ def table(results: dict) -> list[str]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--backends", default=",".join(BACKENDS))
+    grid_arguments(ap, CASES, BACKENDS)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--out", default=report.result_path("quantized_decoding.md"))
     a = ap.parse_args(argv)
-    for b in a.backends.split(","):
-        if b not in BACKENDS:
-            ap.error(f"unknown backend {b!r}; choose from {BACKENDS}")
-    for case in a.cases.split(","):
-        if case not in CASES:
-            ap.error(f"unknown case {case!r}; choose from {CASES}")
-    results = run_grid(CHILD, a.cases.split(","), a.backends.split(","), str(a.repeats), str(a.new_tokens))
+    results = run_grid(CHILD, *grid_choices(ap, a, CASES, BACKENDS), str(a.repeats), str(a.new_tokens))
     stamp = f"Taken {datetime.date.today()} by `{report.command('quantized-decoding', argv)}`."
     report.write_section(a.out, "quantized-decoding", [stamp, report.machine_line(), report.peers_line(("torchao", "onnxruntime-genai", "llama-cpp-python", "gguf")), "",
                                                     *table(results)],

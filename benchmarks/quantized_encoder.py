@@ -40,7 +40,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import report  # noqa: E402
-from scale import run_grid  # noqa: E402
+from scale import grid_arguments, grid_choices, run_grid  # noqa: E402
 
 BACKENDS = ["eager", "torch_dynamic", "torchao_int8_dynamic", "lort", "lort_int8_dynamic"]
 CASES = ["bert_base_b1", "bert_base_b8"]
@@ -107,18 +107,11 @@ def table(results: dict) -> list[str]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--backends", default=",".join(BACKENDS))
+    grid_arguments(ap, CASES, BACKENDS)
     ap.add_argument("--min-time", type=float, default=10.0)
     ap.add_argument("--out", default=report.result_path("quantized_decoding.md"))
     a = ap.parse_args(argv)
-    for b in a.backends.split(","):
-        if b not in BACKENDS:
-            ap.error(f"unknown backend {b!r}; choose from {BACKENDS}")
-    for case in a.cases.split(","):
-        if case not in CASES:
-            ap.error(f"unknown case {case!r}; choose from {CASES}")
-    results = run_grid(CHILD, a.cases.split(","), a.backends.split(","), str(a.min_time))
+    results = run_grid(CHILD, *grid_choices(ap, a, CASES, BACKENDS), str(a.min_time))
     stamp = f"Taken {datetime.date.today()} by `{report.command('quantized-encoder', argv)}`."
     report.write_section(a.out, "quantized-encoder", [stamp, report.machine_line(), report.peers_line(("torchao",)), "",
                                                     *table(results)],

@@ -174,6 +174,23 @@ def run_child(script: str, *args: str, timeout: int = 3600, cache_dir: str | Non
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def grid_arguments(ap, cases: list[str], backends: list[str]) -> None:
+    """``--cases`` and ``--backends`` on ``ap``, every name by default."""
+    ap.add_argument("--cases", default=",".join(cases))
+    ap.add_argument("--backends", default=",".join(backends))
+
+
+def grid_choices(ap, a, cases: list[str], backends: list[str]) -> tuple[list[str], list[str]]:
+    """The parsed ``--cases`` and ``--backends`` as lists; an unknown name is ``ap``'s
+    error, naming the choices."""
+    chosen = a.cases.split(","), a.backends.split(",")
+    for names, known, what in ((chosen[1], backends, "backend"), (chosen[0], cases, "case")):
+        for name in names:
+            if name not in known:
+                ap.error(f"unknown {what} {name!r}; choose from {known}")
+    return chosen
+
+
 def run_grid(script: str, cases: list[str], backends: list[str], *args: str) -> dict:
     """case -> backend -> ``script``'s result for that pair, each in a fresh process
     (``run_child``), printed as it comes."""
