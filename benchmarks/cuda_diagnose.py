@@ -8,7 +8,9 @@ asserts; stderr is not captured, so ORT's own message before an abort shows.
   attention and other fusions on CUDA are not the CPU's), with ORT's CUDA
   SkipLayerNormalization in ORT's default mode (one-pass variance, E[x^2] - mean^2; lort
   now asks for strict mode, runtime/cuda.py), and with TF32 flags on, beside what ORT's
-  optimizer changed in each group.
+  optimizer changed in each group; then eager without the MHA fast path and the graph
+  through aot_eager, inductor and lort's mode='pytorch' (the fourth run saw the same error
+  with no ORT group at all).
 - ``by_op``: the same model with one ATen op at a time in ORT, the rest in PyTorch: the
   error each op's ORT kernels bring (the second GPU run ruled out every fusion and the
   SkipLayerNormalization mode; the plain graph carries it).
@@ -99,6 +101,21 @@ def precision(name: str, device: str) -> None:
                       flush=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = True
+    # The fourth GPU run found the gap with no ORT group at all: is it PyTorch's own
+    # running of the captured graph (eager takes nn.TransformerEncoderLayer's fused fast
+    # path, a compiled graph its decomposed ops)?
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    with torch.no_grad():
+        plain = output_tensor(model(*args))
+    torch.backends.mha.set_fastpath_enabled(fastpath)
+    print(f"{name} [eager without the MHA fast path]: error {_err(plain, ref):.3g}", flush=True)
+    for label, backend in (("torch.compile aot_eager", "aot_eager"), ("torch.compile inductor", "inductor"),
+                           ("lort mode='pytorch'", LortBackend(lort.Options(mode="pytorch")))):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            out = output_tensor(torch.compile(copy.deepcopy(model), backend=backend)(*args))
+        print(f"{name} [{label}]: error {_err(out, ref):.3g}", flush=True)
 
 
 def by_op(name: str, device: str) -> None:

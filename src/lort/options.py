@@ -26,7 +26,7 @@ ENV_FREEZE = "LORT_FREEZE"
 ENV_FREEZE_MAX_MB = "LORT_FREEZE_MAX_MB"
 ENV_ENGINES = "LORT_ENGINES"
 FREEZE_MODES = ("auto", True, False)
-CUDA_PINNED_MEMORY = ("session", "process")
+CUDA_PINNED_MEMORY = ("process", "session")
 QUANTIZE_SCHEMES = (None, "int4", "int8", "int8_dynamic")
 QUANTIZE_BLOCK_SIZES = (16, 32, 64, 128, 256)
 
@@ -162,19 +162,20 @@ class Options:
     #: matched eager on two GPU runs. A bool; default ``True``.
     share_cuda_arena: bool = True
     #: Who owns the pinned host memory lort's CUDA sessions copy small host arrays from.
-    #: ``"session"``: ORT's pinned arena of each session (ORT's own default). A session
-    #: freed while its stream still holds ORT's end-of-run host function can leave that
-    #: function the arena's last owner, and ORT then aborts the process (CUDA error 800,
-    #: ``cudaFreeHost``): seen on an H200 when a dropped model released its sessions
-    #: (benchmarks/results/cuda.md, third run). ``"process"``: one pinned allocator per
-    #: device in ORT's environment, never freed, which no host function can own last;
-    #: ORT then frees each run's pinned buffers after a stream synchronize, not an
-    #: arena. Not yet measured on a GPU (its speed or whether it ends the abort), so it
-    #: is opt-in. Registered for the process: once a session asks for it, every later
-    #: lort CUDA session that uses ORT's environment allocators (``share_cpu_arena`` or
-    #: ``share_cuda_arena``, both on by default) takes it too. One of ``"session"``,
-    #: ``"process"``; default ``"session"``.
-    cuda_pinned_memory: str = "session"
+    #: ``"process"``: one pinned allocator per device in ORT's environment, never freed,
+    #: which no end-of-run host function of a freed session can own last. ``"session"``:
+    #: ORT's pinned arena of each session (ORT's own default); a session freed while its
+    #: stream still holds ORT's end-of-run host function can leave that function the
+    #: arena's last owner, and ORT then aborts the process (CUDA error 800,
+    #: ``cudaFreeHost``). On an H200 (benchmarks/results/cuda.md, fourth run) the test
+    #: that drops a model while its last run is queued aborted with ``"session"`` and
+    #: passed with ``"process"``, and BERT's 10 training steps peaked at 5,312 MiB with
+    #: it (5,616 with ``"session"`` on an earlier run); its speed against ``"session"``
+    #: is not yet measured apart. Registered for the process: once a session asks for
+    #: it, every later lort CUDA session that uses ORT's environment allocators
+    #: (``share_cpu_arena`` or ``share_cuda_arena``, both on by default) takes it too.
+    #: One of ``"process"``, ``"session"``; default ``"process"``.
+    cuda_pinned_memory: str = "process"
     #: Quantize frozen weight matrices for inference: each product of an activation by a
     #: float32 weight matrix runs as ORT's ``MatMulNBits`` over the weight quantized in
     #: blocks along its input dimension (compile/quantize.py; onnxruntime's quantizer
