@@ -35,7 +35,8 @@ def _require():
         import gguf
         import llama_cpp
     except ImportError as e:
-        raise RuntimeError(f"the llama.cpp peer needs llama-cpp-python and gguf ({INSTALL}): {e}") from e
+        raise RuntimeError(f"the llama.cpp peer needs llama-cpp-python and gguf: `make bench-peers` installs the peers "
+                           f"in .venv-peers and runs the quantized suites there (or {INSTALL}): {e}") from e
     quiet = logging.getLogger("llama-cpp-python")  # its callback prints llama.cpp's log to stderr
     if quiet.level == logging.NOTSET:
         quiet.setLevel(logging.ERROR)

@@ -64,8 +64,9 @@ def _import_og():
     try:
         import onnxruntime_genai as og
     except ImportError as e:
-        raise RuntimeError("onnxruntime_genai is not installed: pip install onnxruntime-genai==0.18.0 "
-                           f"(it needs onnxruntime>=1.31.0) ({e})") from e
+        raise RuntimeError("onnxruntime_genai is not installed: `make bench-peers` installs the peers in .venv-peers "
+                           "and runs the quantized suites there (or pip install onnxruntime-genai==0.18.0; it needs "
+                           f"onnxruntime>=1.31.0) ({e})") from e
     return og
 
 
