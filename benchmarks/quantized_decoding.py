@@ -27,12 +27,13 @@ then:
   converted from the same checkpoint and quantized to Q8_0 / Q4_0
   (benchmarks/peer_llamacpp.py).
 
-The peers need ``make bench-peers`` (it installs them in a virtual environment of their
-own, .venv-peers: torchao, once installed, warns in every process that imports
-transformers). Every process also times eager float32's generate, interleaved with its
-backend's (a 2-core VM's speed drifts by 20% between processes, not within one), so it holds the float32 model throughout; for torchao, ORT GenAI and
-llama.cpp the float32 model leaves the process before RSS is read (their RSS is their
-own; the peak is not), while lort's rows keep it: the module's own weights.
+The peers need ``make bench-peers`` (it installs them in a virtual environment of their own,
+.venv-peers: torchao, once installed, warns in every process that imports transformers).
+Every process also times eager float32's generate, interleaved with its backend's (a 2-core
+VM's speed drifts by 20% between processes, not within one), so it holds the float32 model
+throughout; for torchao, ORT GenAI and llama.cpp the float32 model leaves the process before
+RSS is read (their RSS is their own; the peak is not), while lort's rows keep it: the
+module's own weights.
 
 - **first s**: the first generate, compiles included (for ORT GenAI and llama.cpp: the
   build or conversion from the saved checkpoint, then the first generate);
