@@ -77,6 +77,9 @@ def _eager_math(q, k, v, m):
 
 @pytest.mark.parametrize("route", ["torch.compile", "ORTModule"])
 def test_attention_with_masked_rows_and_nan_equals_eager(route, monkeypatch):
+    """Through torch.compile a CPU float32 inference graph keeps PyTorch's attention kernel
+    whole, as ONNX's Attention (translate/attention.py): no math form to rewrite there;
+    ORTModule's direct inference traces the math form, rewritten once."""
     rewritten = []
     rewrite = attention.elementwise_safe_softmax
     monkeypatch.setattr(attention, "elementwise_safe_softmax", lambda gm: rewritten.append(rewrite(gm)) or rewritten[-1])
@@ -97,7 +100,7 @@ def test_attention_with_masked_rows_and_nan_equals_eager(route, monkeypatch):
     assert (expected[:, :, 0] == 0).all()  # the row of -inf only
     torch.testing.assert_close(eager, expected, equal_nan=True)
     torch.testing.assert_close(got, expected, equal_nan=True)
-    assert sum(rewritten) == 1, rewritten
+    assert sum(rewritten) == (0 if route == "torch.compile" else 1), rewritten
 
 
 def test_training_graphs_keep_the_row_select():

@@ -41,9 +41,24 @@ def aot_backend(compile_graph: Callable[[torch.fx.GraphModule, list, str], Calla
     )
 
     def backend(gm, example_inputs):
+        if _cpu_float32_inference(example_inputs):
+            # PyTorch's CPU attention kernel stays whole: lort runs it as ONNX's
+            # Attention, one node (translate/attention.py).
+            return inner(gm, example_inputs)
         # Attention traced in its math form: its backward is then matmuls and softmax,
-        # which ORT runs, instead of the fused CPU kernel's backward, which it cannot.
+        # which ORT runs, instead of the fused CPU kernel's backward, which it cannot
+        # (and CUDA's attention kernels stay PyTorch's decision, not traced here).
         with sdpa_kernel([SDPBackend.MATH]):
             return inner(gm, example_inputs)
 
     return backend
+
+
+def _cpu_float32_inference(example_inputs: list) -> bool:
+    """Whether AOTAutograd makes an inference graph of these inputs (no gradient) whose
+    tensors are all on the CPU, the floating ones float32."""
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    return all(t.device.type == "cpu" and (t.dtype == torch.float32 or not t.dtype.is_floating_point)
+               for t in tensors)

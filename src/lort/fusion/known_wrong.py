@@ -90,6 +90,21 @@ def _int32_index(node: torch.fx.Node) -> bool:
     )
 
 
+def _attention_reason(node: torch.fx.Node) -> str | None:
+    """Why lort's translation of the CPU attention kernel (translate/attention.py: ONNX's
+    Attention, its output only) does not fit ``node``, or None."""
+    if _uses_outputs(node, (1,)):
+        return "the graph reads the attention kernel's log-sum-exp, which ONNX's Attention does not compute"
+    dtypes = {_arg_dtype(node, i) for i in range(3)}
+    mask = _node_arg(node, 5, "attn_mask")
+    mask_val = mask.meta.get("val") if isinstance(mask, torch.fx.Node) else None
+    if dtypes != {torch.float32} or (mask_val is not None and mask_val.dtype not in (torch.bool, torch.float32)):
+        return "lort runs attention in ORT for float32 query, key and value, with a bool or float32 mask"
+    if any(len(shape or ()) != 4 for shape in (_arg_shape(node, i) for i in range(3))):
+        return "ONNX's Attention takes four-dimensional query, key and value here"
+    return None
+
+
 def _when(predicate: Callable[[torch.fx.Node], bool], reason: str) -> Callable:
     """A known-wrong entry for the nodes ``predicate`` selects: those run in PyTorch."""
     return lambda node: reason if predicate(node) else None
@@ -291,6 +306,7 @@ def table() -> dict:
             "float64 gelu(approximate='tanh') through torch_lib and ORT is off by ~1e-7 relative "
             "(float32 precision: 1.963192137 where PyTorch gives 1.963192349)",
         ),
+        aten._scaled_dot_product_flash_attention_for_cpu.default: _attention_reason,
     }
 
 

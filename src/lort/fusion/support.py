@@ -260,6 +260,19 @@ def _complex_reason(node: torch.fx.Node, outs: list[torch.Tensor]) -> Reason | N
     return None
 
 
+#: Attention kernels tagged random for their dropout: with ``dropout_p`` 0 (every
+#: inference graph's) they draw nothing.
+_DROPOUT_ARG = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: 3}
+
+
+def _no_dropout(node: torch.fx.Node) -> bool:
+    index = _DROPOUT_ARG.get(node.target)
+    if index is None:
+        return False
+    p = node.args[index] if len(node.args) > index else node.kwargs.get("dropout_p", 0.0)
+    return isinstance(p, (int, float)) and p == 0
+
+
 def unsupported_reason(node: torch.fx.Node) -> Reason | None:
     """None if ``node`` may run in an ORT group, else why it stays in PyTorch (the rules
     that need only the node; ``SupportChecker`` adds the options' device rule)."""
@@ -276,7 +289,7 @@ def unsupported_reason(node: torch.fx.Node) -> Reason | None:
     schema = target._schema
     if schema.is_mutable:
         return Reason(ReasonKind.MUTATION, "mutates an input; ORT groups are functional")
-    if torch.Tag.nondeterministic_seeded in target.tags:
+    if torch.Tag.nondeterministic_seeded in target.tags and not _no_dropout(node):
         return Reason(ReasonKind.RANDOM, "random op; kept in PyTorch so results follow PyTorch's RNG")
     outs = _tensor_metas(node.meta.get("val"))
     if outs is None:

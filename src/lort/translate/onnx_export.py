@@ -16,7 +16,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import TranslationError
-from . import _compat, repeated
+from . import _compat, attention, repeated
 from .registry import registry
 
 logger = logging.getLogger("lort")
@@ -267,6 +267,7 @@ def _name_io(model: ir.Model) -> None:
             v = fresh
         seen.add(v)
         v.name = f"out_{i}"
+    attention.finish(model)
 
 
 def _root_cause(e: BaseException) -> str:

@@ -1,7 +1,8 @@
 """The registry of ATen -> ONNX translations lort uses: torch_lib's (through
 ``_compat``), with lort's own registered ahead of them: exact float scalars
 (``exact_scalars.py``), the orthogonal polynomials as an ONNX Loop (``polynomials.py``),
-complex forms torch_lib lacks, on float pairs (``complex_ops.py``)."""
+complex forms torch_lib lacks, on float pairs (``complex_ops.py``), the CPU attention
+kernel as ONNX's Attention (``attention.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _compat, complex_ops, exact_scalars, polynomials
+from . import _compat, attention, complex_ops, exact_scalars, polynomials
 
 
 @functools.lru_cache(maxsize=1)
@@ -20,6 +21,7 @@ def registry() -> Any:
     exact_scalars.register(reg)
     polynomials.register(reg)
     complex_ops.register(reg)
+    attention.register(reg)
     return reg
 
 
