@@ -70,9 +70,9 @@ def register(registry) -> None:
 
 def finish(model: ir.Model) -> None:
     """Import the default domain at opset 23 where ``model`` holds ONNX's Attention (its
-    functions too), and
-    give each Attention node only its first output where nothing reads the others (ORT
-    then writes no copy of the key and value as the cache's present ones)."""
+    functions too), and give each Attention node only its first output where nothing
+    reads the others (ORT then writes no copy of the key and value as the cache's
+    present ones)."""
     found = False
     for node in list(model.graph.all_nodes()):
         if node.op_type != "Attention" or node.domain not in ("", "ai.onnx"):
