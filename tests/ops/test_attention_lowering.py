@@ -20,8 +20,9 @@ def _compiled(fn, tmp_path, **options):
     return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False), backend
 
 
-def _attention_nodes(tmp_path) -> list[tuple[str, int]]:
-    """(op type, default-domain opset) of each Attention node in the saved groups."""
+def _attention_nodes(tmp_path) -> list[tuple[str, int, int]]:
+    """(op type, default-domain opset, number of outputs) of each Attention node in the
+    saved groups."""
     found = []
     for path in sorted(glob.glob(str(tmp_path / "*.onnx"))):
         model = onnx.load(path, load_external_data=False)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from ..translate import exact_scalars
+from ..translate import attention, exact_scalars
 
 
 def _node_arg(node: torch.fx.Node, index: int, name: str, default: Any = None) -> Any:
@@ -306,7 +306,7 @@ def table() -> dict:
             "float64 gelu(approximate='tanh') through torch_lib and ORT is off by ~1e-7 relative "
             "(float32 precision: 1.963192137 where PyTorch gives 1.963192349)",
         ),
-        aten._scaled_dot_product_flash_attention_for_cpu.default: _attention_reason,
+        attention.FLASH_FOR_CPU: _attention_reason,
     }
 
 

@@ -26,7 +26,7 @@ import torch.fx
 from ..reasons import Reason, ReasonKind
 from ..runtime import providers
 from ..runtime.dtypes import CUDA_ONLY_DTYPES, SUPPORTED_DTYPES, TABLE
-from ..translate import _compat, registry
+from ..translate import _compat, attention, registry
 from . import known_wrong
 
 logger = logging.getLogger("lort")
@@ -262,7 +262,7 @@ def _complex_reason(node: torch.fx.Node, outs: list[torch.Tensor]) -> Reason | N
 
 #: Attention kernels tagged random for their dropout: with ``dropout_p`` 0 (every
 #: inference graph's) they draw nothing.
-_DROPOUT_ARG = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: 3}
+_DROPOUT_ARG = {attention.FLASH_FOR_CPU: 3}
 
 
 def _no_dropout(node: torch.fx.Node) -> bool:
