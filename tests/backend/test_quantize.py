@@ -377,3 +377,19 @@ def test_a_weight_is_quantized_once_for_every_graph_and_again_after_it_changes(m
         assert len(calls) == 3, calls  # the changed weight only
         ref, _ = _reference(model, "int8", 32, False)  # (quantizes through the same function)
         torch.testing.assert_close(out, ref(x[:3]))
+
+
+def test_dynamic_shapes_quantize_and_match_the_reference():
+    """Under ``dynamic=True`` Dynamo passes a module's float attributes (Llama's norm
+    epsilons, its attention scaling) as 0-d float64 tensors: they are scalars, neither
+    weights to freeze nor a reason to refuse the float32 model."""
+    model, args = MODELS["llama"]()
+    model.eval()
+    ref, changed = _reference(model, "int4", 32, False)
+    options = {"quantize": "int4", "quantize_accuracy_level": 1, "executor": "ort", "disk_cache": False}
+    torch._dynamo.reset()
+    compiled = torch.compile(copy.deepcopy(model), backend="lort", options=options, dynamic=True)
+    with torch.no_grad():
+        for seq in (16, 9):
+            ids = args[0][:, :seq]
+            torch.testing.assert_close(output_tensor(compiled(ids)), output_tensor(ref(ids)))

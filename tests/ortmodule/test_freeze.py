@@ -479,3 +479,31 @@ def test_two_instances_of_a_model_keep_their_own_frozen_weights():
     groups = _groups(backend)
     assert len(backend.records) == 2 and len(groups) == 2
     assert all(g.frozen_count == 8 and g.refreezes == 0 for g in groups)
+
+
+class ScaledNorm(torch.nn.Module):
+    """Python float attributes, as a norm's epsilon and an attention's scaling: under
+    ``dynamic=True`` Dynamo passes each as a 0-d float64 tensor made anew on every call."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.eps = 1e-6
+        self.scaling = 0.125
+
+    def forward(self, x):
+        y = self.fc(x) * self.scaling
+        return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def test_python_numbers_dynamo_passes_as_tensors_are_not_frozen():
+    """Were they frozen, every call would find them changed (a new tensor each time),
+    freeze the model again and at last leave all its weights as inputs."""
+    torch.manual_seed(0)
+    model = ScaledNorm().eval()
+    backend = LortBackend(OPTS)
+    cm = torch.compile(model, backend=backend, dynamic=True)
+    for rows in (3, 5, 7, 9):
+        _check(cm, model, torch.randn(rows, 8))
+    groups = _groups(backend)
+    assert groups and all(g.frozen_count == 2 and g.refreezes == 0 for g in groups)  # fc's weight and bias

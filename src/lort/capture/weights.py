@@ -21,7 +21,9 @@ def module_weights(gm: torch.fx.GraphModule, example_inputs: list) -> dict[int, 
     that are a module's state: its parameters and registered buffers, and tensors it
     keeps in plain attributes (timm's LeViT caches its attention biases in a dict
     attribute) that need no gradient. Other inputs (activations, tensors the user
-    passes) are never frozen. A frozen tensor that changes is seen by the run-time
+    passes) are never frozen, nor are Python numbers Dynamo passes as 0-d tensors
+    (under ``dynamic=True`` a module's float attributes, such as a norm's epsilon, come
+    in as a new tensor on every call). A frozen tensor that changes is seen by the run-time
     weight check (runtime/frozen.py), which freezes it again, or keeps it an input
     where it changes on every call."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -33,7 +35,7 @@ def module_weights(gm: torch.fx.GraphModule, example_inputs: list) -> dict[int, 
         if not isinstance(value, torch.Tensor) or value.requires_grad and not isinstance(value, torch.nn.Parameter):
             continue
         source = _source(node)
-        if source is None:
+        if source is None or _python_number(node):
             continue
         if _is_registered(source) or isinstance(value, torch.nn.Parameter):
             out[i] = readable(source)
@@ -60,6 +62,12 @@ def _source(node: torch.fx.Node) -> str | None:
     source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
     source = source() if callable(source) else source
     return source if isinstance(source, str) else None
+
+
+def _python_number(node: torch.fx.Node) -> bool:
+    """Whether Dynamo passes the graph input ``node`` as a 0-d tensor made from a Python
+    int or float on each call (its GraphArg's ``pass_arg_as_tensor``)."""
+    return bool(getattr(node.meta.get("grapharg"), "pass_arg_as_tensor", False))
 
 
 def _is_registered(source: str) -> bool:

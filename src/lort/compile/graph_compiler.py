@@ -262,9 +262,11 @@ def _check_quantizable(kind: str, gm: torch.fx.GraphModule, scheme: str) -> None
         raise QuantizationError(
             f"lort option quantize={scheme!r} runs on CPU only for now, and this graph's tensors are on CUDA: "
             "move the model and inputs to the CPU, or leave quantize unset")
+    # 0-d inputs are scalars, not weights: under dynamic=True Dynamo passes a module's
+    # float attributes (a norm's epsilon) as 0-d float64 tensors.
     other = sorted({str(v.dtype).replace("torch.", "") for n in gm.graph.nodes if n.op == "placeholder"
                     if isinstance(v := n.meta.get("val"), torch.Tensor) and v.is_floating_point()
-                    and v.dtype != torch.float32})
+                    and v.dtype != torch.float32 and v.dim() > 0})
     if other:
         raise QuantizationError(
             f"lort option quantize={scheme!r} quantizes float32 models, and this graph has {', '.join(other)} "
