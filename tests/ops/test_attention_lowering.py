@@ -2,6 +2,7 @@
 (translate/attention.py): results against eager on the same inputs, the node ORT runs,
 and the graphs that keep the math form or leave the kernel to PyTorch."""
 
+import collections
 import glob
 import math
 
@@ -77,12 +78,22 @@ def test_inference_attention_is_one_ort_node_and_equals_eager(case, tmp_path):
     assert _attention_nodes(tmp_path) == [("Attention", 23, 1)]
 
 
-def test_a_decoder_generates_eager_tokens(tmp_path):
+def _op_counts(tmp_path) -> list[collections.Counter]:
+    """Per saved group, how many nodes of each op type it holds."""
+    return [collections.Counter(n.op_type for n in onnx.load(path, load_external_data=False).graph.node)
+            for path in sorted(glob.glob(str(tmp_path / "*.onnx")))]
+
+
+@pytest.mark.parametrize("layers", [2, 6])
+def test_a_decoder_generates_eager_tokens(layers, tmp_path):
     """A Llama-style decoder (grouped key/value heads, rotary embedding, a key/value
-    cache): greedy tokens and logits as eager's, attention in ORT."""
+    cache): greedy tokens and logits as eager's, attention in ORT, and the rotary
+    embedding of each layer's query and key as ONNX's RotaryEmbedding (onnxscript's
+    fusion, translate/_compat._onnx_fusions; 6 layers are translated one layer at a
+    time and stitched: translate/repeated.py)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     model = transformers.LlamaForCausalLM(cfg).eval()
     ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(1))
@@ -100,6 +111,8 @@ def test_a_decoder_generates_eager_tokens(tmp_path):
     torch.testing.assert_close(got_logits, want_logits)
     assert all(r.torch_nodes == 0 for r in backend.records), [r.fallbacks for r in backend.records]
     assert _attention_nodes(tmp_path) and all(n == ("Attention", 23, 1) for n in _attention_nodes(tmp_path))
+    counts = _op_counts(tmp_path)
+    assert counts and all(c["RotaryEmbedding"] == 2 * layers and c["Neg"] == 0 for c in counts), counts
 
 
 def test_training_graphs_keep_the_math_form(tmp_path):
@@ -156,3 +169,22 @@ def test_float64_inference_keeps_the_math_form(tmp_path):
     torch.testing.assert_close(got, want)
     assert _attention_nodes(tmp_path) == []
     assert backend.records[-1].torch_nodes == 0
+
+
+def test_rotary_angles_of_one_row_are_expanded_over_the_batch(tmp_path):
+    """A forward without position ids makes the rotary angles for one row, which the
+    unfused ops broadcast over the batch; ORT's RotaryEmbedding takes them per row, so
+    lort expands them (translate/_compat._rotary_angles_per_row). Eager's logits."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 128, (3, 7), generator=torch.Generator().manual_seed(1))
+    run, backend = _compiled(model, tmp_path)
+    with torch.no_grad():
+        got, want = run(ids).logits, model(ids).logits
+    torch.testing.assert_close(got, want)
+    assert backend.records[-1].torch_nodes == 0
+    (counts,) = _op_counts(tmp_path)
+    assert counts["RotaryEmbedding"] == 4 and counts["Neg"] == 0 and counts["Expand"] >= 1, counts
