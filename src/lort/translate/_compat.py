@@ -197,7 +197,8 @@ def _onnx_fusions(model: ir.Model) -> dict[str, int]:
     in place, and their counts. The one that fires on lort's graphs is a Hugging Face
     decoder's rotary embedding (``x * cos + rotate_half(x) * sin``, about seven nodes
     each for the query and the key of every layer) as one RotaryEmbedding node: a decode
-    step of a 4-layer int4 decoder of 1536 wide ran 8-12% faster in ORT. The fused nodes
+    step of an 8-layer int4 decoder 1536 wide (274 nodes for 371) ran 2.8% faster in ORT
+    (median of 30 interleaved rounds; within noise on a 28-layer one). The fused nodes
     recompute the cosine and sine of the angles each: common subexpressions are merged
     after. Below opset 23 nothing changes; a failure leaves the model as it was."""
     from onnxscript.rewriter import onnx_fusions
