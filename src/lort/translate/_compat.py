@@ -246,7 +246,10 @@ def _rotary_angles_per_row(model: ir.Model) -> None:
             if all(isinstance(d, int) for d in want):
                 key = (id(angles), want)
                 if key not in static:
-                    target = ir.Value(name=f"{angles.name}_rows_shape", const_value=ir.tensor(list(want), ir.DataType.INT64))
+                    name = f"rotary_rows_shape_{len(static)}"
+                    while name in model.graph.initializers:
+                        name += "_"
+                    target = ir.Value(name=name, const_value=ir.tensor(list(want), ir.DataType.INT64))
                     target.shape, target.type = ir.Shape([3]), ir.TensorType(ir.DataType.INT64)
                     model.graph.register_initializer(target)
                     made = [ir.node("Expand", [angles, target])]
