@@ -393,3 +393,38 @@ def test_dynamic_shapes_quantize_and_match_the_reference():
         for seq in (16, 9):
             ids = args[0][:, :seq]
             torch.testing.assert_close(output_tensor(compiled(ids)), output_tensor(ref(ids)))
+
+
+class _CountingLinear(torch.nn.Module):
+    """A linear layer whose forward also updates a buffer the graph reads: it changes on
+    every call, so its group cannot stay frozen."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 32)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.fc(x) + self.calls
+
+
+def test_a_group_that_cannot_stay_frozen_warns_that_its_quantization_is_gone(caplog):
+    """Quantized weights are frozen ones: a group left with its weights as inputs runs the
+    float32 weights, which changes its results, so lort warns (logging, lort logger)."""
+    import logging
+
+    torch.manual_seed(0)
+    model = _CountingLinear().eval()
+    ref = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="lort", options={"quantize": "int4", "executor": "ort", "disk_cache": False})
+    x = torch.randn(4, 64)
+    with caplog.at_level(logging.INFO, logger="lort"), torch.no_grad():
+        for _ in range(4):
+            out = compiled(x)
+            want = ref(x)
+    torch.testing.assert_close(model.calls, ref.calls)
+    torch.testing.assert_close(out, want)  # the last call: float32 weights, eager's result
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "quantize='int4'" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]

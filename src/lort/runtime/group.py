@@ -162,6 +162,10 @@ class OrtGroup(torch.nn.Module):
 
     def _unfreeze(self, why: str) -> None:
         logger.info("lort: %s: weights go to ORT as inputs from now on (%s)", self.name, why)
+        if self.options.quantize is not None:
+            # quantized weights are frozen ones: the results change with them
+            logger.warning("lort: %s runs its float32 weights from now on, not quantize=%r ones: %s", self.name,
+                           self.options.quantize, why)
         self._guard = None
         self._frozen_idx = set()
         self._frozen_sessions.clear()
