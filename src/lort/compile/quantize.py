@@ -27,6 +27,7 @@ import onnx_ir as ir
 import torch
 
 from ..options import Options
+from ..translate.external_data import initializer
 
 logger = logging.getLogger("lort")
 
@@ -181,11 +182,11 @@ def quantize_products(model: ir.Model, options: Options, sources: dict[str, torc
         packed, scales, zero_points = _quantized_arrays(quantizer, w_kn, (sources or {}).get(weight.name),
                                                         transposed, options)
         base = weight.name or f"w{result.products}"
-        inputs = [node.inputs[0], _initializer(graph, f"{base}_q{BITS[options.quantize]}", packed),
-                  _initializer(graph, f"{base}_scales", scales)]
+        inputs = [node.inputs[0], initializer(graph, f"{base}_q{BITS[options.quantize]}", packed),
+                  initializer(graph, f"{base}_scales", scales)]
         dynamic = options.quantize == "int8_dynamic"
         if dynamic or not options.quantize_symmetric:  # int8_dynamic's symmetric zero point is 128
-            inputs.append(_initializer(graph, f"{base}_zero_points", zero_points))
+            inputs.append(initializer(graph, f"{base}_zero_points", zero_points))
         if dynamic:
             product = ir.Node(_MS_DOMAIN, "DynamicQuantizeMatMul", inputs, name=f"{node.name}_dq")
         else:
@@ -216,11 +217,3 @@ def quantize_products(model: ir.Model, options: Options, sources: dict[str, torc
                     result.products, options.quantize, result.float_bytes / 2**20, result.quantized_bytes / 2**20)
     return result
 
-
-def _initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    while name in graph.initializers:
-        name += "_"
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                     const_value=ir.Tensor(array, name=name))
-    graph.register_initializer(value)
-    return value

@@ -16,6 +16,7 @@ import logging
 import threading
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from .._version import __version__
@@ -228,6 +229,8 @@ def _rotary_angles_per_row(model: ir.Model) -> None:
     equal: the fused ops broadcast angles of one row (position ids of batch 1, as a
     forward without ``position_ids`` makes) over the batch, which ORT's RotaryEmbedding
     refuses. One Expand per angles and shape where the shape is static."""
+    from .external_data import initializer
+
     static: dict[tuple, ir.Value] = {}
     for node in list(model.graph):
         if node.op_type != "RotaryEmbedding" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 3:
@@ -235,27 +238,20 @@ def _rotary_angles_per_row(model: ir.Model) -> None:
         x = node.inputs[0]
         if x is None or x.shape is None or len(x.shape) != 4:
             continue
+        # the fusion checks the head size is static; the angles it makes have no shape
+        half = x.shape[3] // 2 if isinstance(x.shape[3], int) else None
+        want = (x.shape[0], x.shape[2], half)
         for slot in (1, 2):
             angles = node.inputs[slot]
-            shape = angles.shape
-            # the fusion checks the head size is static; the angles it makes have no shape
-            half = x.shape[3] // 2 if isinstance(x.shape[3], int) else None
-            want = (x.shape[0], x.shape[2], half)
-            if shape is not None and tuple(shape) == want and all(_known(d) for d in want):
+            if angles.shape is not None and tuple(angles.shape) == want and all(_known(d) for d in want):
                 continue
+            made = []
             if all(isinstance(d, int) for d in want):
                 key = (id(angles), want)
                 if key not in static:
-                    name = f"rotary_rows_shape_{len(static)}"
-                    while name in model.graph.initializers:
-                        name += "_"
-                    target = ir.Value(name=name, const_value=ir.tensor(list(want), ir.DataType.INT64))
-                    target.shape, target.type = ir.Shape([3]), ir.TensorType(ir.DataType.INT64)
-                    model.graph.register_initializer(target)
+                    target = initializer(model.graph, "rotary_rows_shape", np.array(want, dtype=np.int64))
                     made = [ir.node("Expand", [angles, target])]
                     static[key] = made[0].outputs[0]
-                else:
-                    made = []
                 expanded = static[key]
             else:
                 made = [ir.node("Shape", [x], attributes={"start": 0, "end": 1}),
@@ -268,7 +264,6 @@ def _rotary_angles_per_row(model: ir.Model) -> None:
             if made:
                 model.graph.insert_before(node, made)
             node.replace_input_with(slot, expanded)
-
 
 #: onnxscript's fusions of a residual Add and the norm after it into ORT's
 #: SkipLayerNormalization / SkipSimplifiedLayerNormalization. ORT 1.31's CPU kernels of

@@ -102,3 +102,14 @@ def save(model: OnnxModel | bytes, path: str) -> None:
                 entry.key, entry.value = key, value
     with open(path, "wb") as f:
         f.write(proto.SerializeToString())
+
+
+def initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """A new initializer of ``graph`` holding ``array`` (by reference), named ``name``
+    or, where that is taken, ``name`` with underscores added."""
+    while name in graph.initializers:
+        name += "_"
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                     const_value=ir.Tensor(array, name=name))
+    graph.register_initializer(value)
+    return value
