@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Any, Mapping
 
 RUN_MODES = ("ort", "pytorch", "debug")
@@ -59,6 +60,31 @@ def _env_bool(name: str, default: bool) -> bool:
 def _default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.environ.get(ENV_CACHE_DIR) or os.path.join(base, "lort")
+
+
+def _offload_dir_problem(directory) -> str | None:
+    """Why ``directory`` cannot take offloaded memory (Options.quantize_offload_dir), or None."""
+    if not sys.platform.startswith("linux"):
+        return f"offloading maps files over memory with Linux's mmap; this is {sys.platform}"
+    if not isinstance(directory, (str, os.PathLike)):
+        return "it is not a directory path"
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        return "no such directory"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return "the directory is not writable"
+    real, best, kind = os.path.realpath(directory), "", None
+    try:
+        with open("/proc/mounts") as f:  # the filesystem of the longest mount point above it
+            for fields in (line.split() for line in f):
+                point = fields[1].replace("\\040", " ") if len(fields) > 2 else None
+                if point and (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        pass
+    if kind in ("tmpfs", "ramfs", "devtmpfs", "hugetlbfs"):
+        return f"it is on {kind}, which keeps its files in memory: choose a directory on a disk"
+    return None
 
 
 def _env_str(name: str, default: str) -> str:
@@ -204,6 +230,13 @@ class Options:
     #: activations quantized per block, the fastest where the CPU has VNNI/AVX-512);
     #: "int8_dynamic" has none. An int 0-4; default ``4``.
     quantize_accuracy_level: int = 4
+    #: A directory on disk: the float32 weight matrices ``quantize`` replaced, and the
+    #: quantized arrays once ORT has pre-packed them, are written to unlinked files there
+    #: and mapped back at the same addresses (runtime/offload.py), so they leave the
+    #: process's resident memory while the module, its values and lort's checks stay as
+    #: they were; a read pages them back in. Linux only; not a tmpfs. Needs ``quantize``.
+    #: A directory path or ``None``; default ``None`` (everything stays in memory).
+    quantize_offload_dir: str | None = None
     #: Write convolution_backward as convolutions so it runs in ORT. Off by default:
     #: slower than PyTorch's kernels on CPU (benchmarks/studies/conv_backward.md). A bool;
     #: default ``False``.
@@ -362,6 +395,12 @@ class Options:
                 or self.quantize_accuracy_level not in range(5):
             raise ValueError(f"lort option quantize_accuracy_level={self.quantize_accuracy_level!r} must be an int "
                              "0-4 (MatMulNBits' accuracy_level; 4: int8 compute)")
+        if self.quantize_offload_dir is not None:
+            why = _offload_dir_problem(self.quantize_offload_dir)
+            if why is None and self.quantize is None:
+                why = "it only holds what quantize replaced: set quantize too"
+            if why is not None:
+                raise ValueError(f"lort option quantize_offload_dir={self.quantize_offload_dir!r} cannot be used: {why}")
         if self.quantize is None:
             return
         if self.executor != "ort":

@@ -25,8 +25,10 @@ import weakref
 import numpy as np
 import onnx_ir as ir
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..options import Options
+from ..runtime import offload
 from ..translate.external_data import initializer
 
 logger = logging.getLogger("lort")
@@ -144,7 +146,9 @@ def _quantized_arrays(quantizer, w_kn: np.ndarray, source: torch.Tensor | None, 
     held = _quantized.get(id(source)) if source is not None else None
     if held is not None and held[0]() is source and key in held[1]:
         return held[1][key]
-    arrays = quantizer()(np.ascontiguousarray(w_kn, dtype=np.float32))
+    arrays = tuple(np.ascontiguousarray(a) for a in quantizer()(np.ascontiguousarray(w_kn, dtype=np.float32)))
+    if options.quantize_offload_dir is not None and source is not None:
+        _offload(source, arrays, options.quantize_offload_dir)
     if source is not None:
         if held is None or held[0]() is not source:
             ident = id(source)
@@ -153,6 +157,23 @@ def _quantized_arrays(quantizer, w_kn: np.ndarray, source: torch.Tensor | None, 
         held[1].clear()  # an older version or other settings: not wanted again
         held[1][key] = arrays
     return arrays
+
+
+def _offload(source: torch.Tensor, arrays: tuple, directory: str) -> None:
+    """Move the float32 weight ``source`` (its storage: ORT runs the quantized copy, and
+    a later graph finds the arrays in the cache) and its quantized ``arrays`` (read
+    again only by each session's pre-packing, after which runtime/session.py pages them
+    out) to files in ``directory`` (Options.quantize_offload_dir)."""
+    moved = _offload_storage(source, directory)
+    for a in arrays:
+        moved += offload.offload(a, a.ctypes.data, a.nbytes, directory)
+    logger.debug("lort: offloaded %.1f MiB of a quantized weight to %s", moved / 2**20, directory)
+
+
+def _offload_storage(t: torch.Tensor, directory: str) -> int:
+    with unset_fake_temporarily():
+        storage = t.untyped_storage()
+        return offload.offload(t, storage.data_ptr(), storage.nbytes(), directory)
 
 
 def quantize_products(model: ir.Model, options: Options, sources: dict[str, torch.Tensor] | None = None
@@ -215,5 +236,17 @@ def quantize_products(model: ir.Model, options: Options, sources: dict[str, torc
         model.opset_imports.setdefault(_MS_DOMAIN, 1)
         logger.info("lort: quantized %d product(s) to %s: %.1f MiB of float32 weights -> %.1f MiB",
                     result.products, options.quantize, result.float_bytes / 2**20, result.quantized_bytes / 2**20)
+        if options.quantize_offload_dir is not None:
+            _offload_lookup_tables(graph, sources or {}, options.quantize_offload_dir)
     return result
+
+
+def _offload_lookup_tables(graph: ir.Graph, sources: dict[str, torch.Tensor], directory: str) -> None:
+    """Offload the frozen weights the graph only looks rows up in (``Gather``'s data: an
+    embedding table, of which a call reads the rows of its tokens)."""
+    for value in graph.initializers.values():
+        uses = value.uses()
+        source = sources.get(value.name)
+        if source is not None and uses and all(u.node.op_type == "Gather" and u.idx == 0 for u in uses):
+            _offload_storage(source, directory)
 

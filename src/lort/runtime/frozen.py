@@ -28,7 +28,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..numpy_views import numpy_view
-from . import native
+from . import native, offload
 
 
 _timing = threading.local()
@@ -93,6 +93,8 @@ class WeightGuard:
             self._native = _native_check(self.tensors, self.sample)
             if self._native is None and self.sample:
                 self._take_samples(tensors)
+        if self.sample:
+            offload.page_out()  # finding each sample read every weight, offloaded ones too
         #: ``same_registered``'s C++ check, to call without a Python frame, or None (the
         #: registries are not set, or are checked in Python).
         self.registered_check: Callable[[], bool] | None = None

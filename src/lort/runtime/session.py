@@ -20,7 +20,7 @@ from ..errors import SessionCreationError
 from ..numpy_views import numpy_view
 from ..options import Options
 from ..ort_model import OnnxModel, model_bytes as _proto
-from . import cuda, providers
+from . import cuda, offload, providers
 from .memory import _shared_cpu_arena, _shared_cuda_arena, _shared_cuda_pinned
 from .dtypes import ELEMENT_TYPES
 
@@ -261,6 +261,8 @@ def create_session(
         )
     except Exception as e:
         raise SessionCreationError(f"ONNX Runtime could not build a session for group {name!r}: {e}") from e
+    finally:
+        offload.page_out()  # what the session's optimizer and pre-packing read of offloaded memory
     # onnxruntime's Python wrapper keeps the model bytes to rebuild the session on a
     # provider failure; lort handles run failures itself (runtime/group.py).
     session.disable_fallback()
