@@ -12,10 +12,11 @@ Each (case, backend) runs in a fresh process with an empty lort cache. It builds
 model, generates once in eager float32 (the reference tokens, and the prompt's logits),
 then:
 
-- ``lort``, ``lort_int8``, ``lort_int4``: replaces ``model.forward`` with
-  ``torch.compile(model.forward, backend="lort", options=...)`` (``executor="ort"``;
+- ``lort``, ``lort_int8``, ``lort_int4``: a copy of the model whose ``forward`` is
+  ``torch.compile(forward, backend="lort", options=...)`` (``executor="ort"``;
   ``quantize`` for int8/int4, its other settings at their defaults: blocks of 32,
-  asymmetric, int8 compute);
+  asymmetric, int8 compute); ``lort_int8_offload``, ``lort_int4_offload`` with
+  ``quantize_offload_dir`` too (a temporary directory under /var/tmp);
 - ``torchao_int8``, ``torchao_int4`` (PyTorch's way): torchao's ``quantize_`` with
   ``Int8WeightOnlyConfig()`` or, for CPU int4, ``PrototypeInt4WeightOnlyConfig(group_size=32)``
   (``_weight_int4pack_mm_for_cpu``), then ``torch.compile(model.forward)`` (inductor);
@@ -31,9 +32,9 @@ The peers need ``make bench-peers`` (it installs them in a virtual environment o
 .venv-peers: torchao, once installed, warns in every process that imports transformers).
 Every process also times eager float32's generate, interleaved with its backend's (a 2-core
 VM's speed drifts by 20% between processes, not within one), so it holds the float32 model
-throughout; for torchao, ORT GenAI and llama.cpp the float32 model leaves the process before
-RSS is read (their RSS is their own; the peak is not), while lort's rows keep it: the
-module's own weights.
+throughout, and every other backend runs its own copy or build; eager's model leaves the
+process before RSS is read (each backend's RSS is its own, lort's with its copy of the
+module; the peak is not).
 
 - **first s**: the first generate, compiles included (for ORT GenAI and llama.cpp: the
   build or conversion from the saved checkpoint, then the first generate);
@@ -65,7 +66,7 @@ sys.path.insert(0, HERE)
 import report  # noqa: E402
 from scale import grid_arguments, grid_choices, run_grid  # noqa: E402
 
-BACKENDS = ["eager", "lort", "lort_int8", "lort_int4", "torchao_int8", "torchao_int4", "ortgenai_int8",
+BACKENDS = ["eager", "lort", "lort_int8", "lort_int4", "lort_int8_offload", "lort_int4_offload", "torchao_int8", "torchao_int4", "ortgenai_int8",
             "ortgenai_int4", "llamacpp_q8_0", "llamacpp_q4_0"]
 CASES = ["llama_0.5b", "llama_1.5b", "gpt2_medium"]
 
@@ -123,22 +124,24 @@ else:
                   else Int8WeightOnlyConfig())
         run.forward = torch.compile(run.forward)
         generate = lambda: run.generate(ids, **kw)
-    else:
+    elif backend == "eager":
         run = model
-        compiled = plain
-        if backend != "eager":
-            options = {"executor": "ort"}
-            if backend != "lort":
-                options["quantize"] = backend.split("_")[1]
-            compiled = torch.compile(plain, backend="lort", options=options)
-
-        def generate():
-            model.forward = compiled
-            return model.generate(ids, **kw)
+        generate = eager_generate
+    else:  # lort's own copy of the model: eager's generate does not read (page in) its weights
+        import copy, tempfile
+        run = copy.deepcopy(model)
+        options = {"executor": "ort"}
+        if backend != "lort":
+            options["quantize"] = backend.split("_")[1]
+        if backend.endswith("_offload"):
+            offload_dir = tempfile.TemporaryDirectory(prefix="lort-offload-", dir="/var/tmp")  # a disk, not tmpfs
+            options["quantize_offload_dir"] = offload_dir.name
+        run.forward = torch.compile(run.forward, backend="lort", options=options)
+        generate = lambda: run.generate(ids, **kw)
 
     def prompt_logits():
         if run is model:
-            model.forward = compiled  # eager_generate may have run last
+            model.forward = plain
         with torch.no_grad():
             return run(ids).logits
 got = generate()
@@ -154,7 +157,7 @@ for _ in range(repeats):  # interleaved with eager float32 in this process: a VM
 logits = prompt_logits()
 rel = ((logits - want_logits).norm() / want_logits.norm()).item()
 same = (got[0, ids.shape[1]:] == want[0, ids.shape[1]:]).float().mean().item()
-if backend.startswith(("torchao", "ortgenai", "llamacpp")):
+if backend != "eager":
     import gc
     del model, plain, eager_generate
     gc.collect()  # their own footprint: the float32 model leaves the process
