@@ -230,9 +230,10 @@ class Options:
     #: activations quantized per block, the fastest where the CPU has VNNI/AVX-512);
     #: "int8_dynamic" has none. An int 0-4; default ``4``.
     quantize_accuracy_level: int = 4
-    #: A directory on disk: the float32 weight matrices ``quantize`` replaced, and the
-    #: quantized arrays once ORT has pre-packed them, are written to unlinked files there
-    #: and mapped back at the same addresses (runtime/offload.py), so they leave the
+    #: A directory on disk: the float32 weight matrices ``quantize`` replaced, the
+    #: quantized arrays once ORT has pre-packed them, and the embedding tables (frozen
+    #: weights a graph only looks rows up in) are written to unlinked files there and
+    #: mapped back at the same addresses (runtime/offload.py), so they leave the
     #: process's resident memory while the module, its values and lort's checks stay as
     #: they were; a read pages them back in. Linux only; not a tmpfs. Needs ``quantize``.
     #: A directory path or ``None``; default ``None`` (everything stays in memory).

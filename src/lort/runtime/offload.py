@@ -2,7 +2,8 @@
 
 Once a float32 weight matrix is quantized, ORT runs on the quantized copy and never reads
 the float32 one; once a session has pre-packed the quantized arrays, it does not read
-those either. Both still sit in the process's memory. ``offload`` writes such a region to
+those either; of an embedding table a call reads only the rows of its tokens. All of it
+still sits in the process's memory. ``offload`` writes such a region to
 an unlinked file in a directory on disk and maps the file over the region's whole pages
 at the same addresses (``mmap(MAP_PRIVATE | MAP_FIXED)``): the tensor keeps its address,
 its values, its version counter and every reference to it, so nothing that holds it (the
