@@ -1,6 +1,6 @@
-"""Options.quantize_offload_dir: the float32 matrices quantization replaced, and the
-quantized arrays once pre-packed, move to files on disk mapped at the same addresses
-(runtime/offload.py). Results, values, addresses and version counters stay as they were;
+"""Options.quantize_offload_dir: the float32 matrices quantization replaced, the
+quantized arrays once pre-packed, and embedding tables move to files on disk mapped at
+the same addresses (runtime/offload.py). Results, values, addresses and version counters stay as they were;
 the memory leaves the process's resident set."""
 
 from __future__ import annotations
