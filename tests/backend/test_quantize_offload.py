@@ -198,3 +198,16 @@ def test_a_decoder_generates_its_tokens_with_its_weights_offloaded(disk_dir):
     # the head is quantized; the embedding table, which a call reads a row of per token, goes too
     for weight in (model.lm_head.weight, model.model.embed_tokens.weight, model.model.layers[1].mlp.down_proj.weight):
         assert _start(weight) in mapped
+
+
+def test_ortmodule_offloads_too(disk_dir, caplog):
+    """lort.ORTModule's direct inference (torch.export) quantizes through the same path."""
+    model, ids = _model()
+    kept = lort.ORTModule(copy.deepcopy(model), options=_options())
+    earlier = set(offload.regions())
+    wrapped = lort.ORTModule(model, options=_options(quantize_offload_dir=disk_dir))
+    with torch.no_grad(), caplog.at_level("INFO", logger="lort"):
+        assert torch.equal(output_tensor(wrapped(ids)), output_tensor(kept(ids)))
+    _assert_paged_out(_offloaded_mappings(), earlier, model.embed_tokens.weight, rows=16)
+    assert _start(model.layers[0].mlp.gate_proj.weight) in offload.regions()
+    assert "MiB offloaded to" in caplog.text

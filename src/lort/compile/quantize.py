@@ -46,6 +46,8 @@ class QuantizeResult:
     products: int = 0
     float_bytes: int = 0
     quantized_bytes: int = 0
+    #: Bytes moved to files (Options.quantize_offload_dir) by this rewrite.
+    offloaded_bytes: int = 0
 
 
 def _quantizer(options: Options):
@@ -139,7 +141,8 @@ def _settings(options: Options) -> tuple:
     return (options.quantize, block, options.quantize_symmetric)
 
 
-def _quantized_arrays(quantizer, w_kn: np.ndarray, source: torch.Tensor | None, transposed: bool, options: Options):
+def _quantized_arrays(quantizer, w_kn: np.ndarray, source: torch.Tensor | None, transposed: bool, options: Options,
+                      result: QuantizeResult):
     """(packed, scales, zero points) of ``w_kn``, from the cache where ``source`` (the
     weight tensor it was read from) was quantized alike at its current version."""
     key = (transposed, _settings(options), source._version if source is not None else None)
@@ -148,7 +151,7 @@ def _quantized_arrays(quantizer, w_kn: np.ndarray, source: torch.Tensor | None, 
         return held[1][key]
     arrays = tuple(np.ascontiguousarray(a) for a in quantizer()(np.ascontiguousarray(w_kn, dtype=np.float32)))
     if options.quantize_offload_dir is not None and source is not None:
-        _offload(source, arrays, options.quantize_offload_dir)
+        result.offloaded_bytes += _offload(source, arrays, options.quantize_offload_dir)
     if source is not None:
         if held is None or held[0]() is not source:
             ident = id(source)
@@ -159,7 +162,7 @@ def _quantized_arrays(quantizer, w_kn: np.ndarray, source: torch.Tensor | None, 
     return arrays
 
 
-def _offload(source: torch.Tensor, arrays: tuple, directory: str) -> None:
+def _offload(source: torch.Tensor, arrays: tuple, directory: str) -> int:
     """Move the float32 weight ``source`` (its storage: ORT runs the quantized copy, and
     a later graph finds the arrays in the cache) and its quantized ``arrays`` (read
     again only by each session's pre-packing, after which runtime/session.py pages them
@@ -167,7 +170,7 @@ def _offload(source: torch.Tensor, arrays: tuple, directory: str) -> None:
     moved = _offload_storage(source, directory)
     for a in arrays:
         moved += offload.offload(a, a.ctypes.data, a.nbytes, directory)
-    logger.debug("lort: offloaded %.1f MiB of a quantized weight to %s", moved / 2**20, directory)
+    return moved
 
 
 def _offload_storage(t: torch.Tensor, directory: str) -> int:
@@ -201,7 +204,7 @@ def quantize_products(model: ir.Model, options: Options, sources: dict[str, torc
         w_kn, weight, transpose, transposed = found
         k, n = w_kn.shape
         packed, scales, zero_points = _quantized_arrays(quantizer, w_kn, (sources or {}).get(weight.name),
-                                                        transposed, options)
+                                                        transposed, options, result)
         base = weight.name or f"w{result.products}"
         inputs = [node.inputs[0], initializer(graph, f"{base}_q{BITS[options.quantize]}", packed),
                   initializer(graph, f"{base}_scales", scales)]
@@ -237,16 +240,21 @@ def quantize_products(model: ir.Model, options: Options, sources: dict[str, torc
         logger.info("lort: quantized %d product(s) to %s: %.1f MiB of float32 weights -> %.1f MiB",
                     result.products, options.quantize, result.float_bytes / 2**20, result.quantized_bytes / 2**20)
         if options.quantize_offload_dir is not None:
-            _offload_lookup_tables(graph, sources or {}, options.quantize_offload_dir)
+            result.offloaded_bytes += _offload_lookup_tables(graph, sources or {}, options.quantize_offload_dir)
+            if result.offloaded_bytes:  # (a later graph of the model finds its weights offloaded already)
+                logger.info("lort: %.1f MiB offloaded to %s (float32 weights quantized, their arrays, lookup "
+                            "tables)", result.offloaded_bytes / 2**20, options.quantize_offload_dir)
     return result
 
 
-def _offload_lookup_tables(graph: ir.Graph, sources: dict[str, torch.Tensor], directory: str) -> None:
+def _offload_lookup_tables(graph: ir.Graph, sources: dict[str, torch.Tensor], directory: str) -> int:
     """Offload the frozen weights the graph only looks rows up in (``Gather``'s data: an
-    embedding table, of which a call reads the rows of its tokens)."""
+    embedding table, of which a call reads the rows of its tokens); the bytes moved."""
+    moved = 0
     for value in graph.initializers.values():
         uses = value.uses()
         source = sources.get(value.name)
         if source is not None and uses and all(u.node.op_type == "Gather" and u.idx == 0 for u in uses):
-            _offload_storage(source, directory)
+            moved += _offload_storage(source, directory)
+    return moved
 
