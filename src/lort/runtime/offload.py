@@ -3,8 +3,8 @@
 Once a float32 weight matrix is quantized, ORT runs on the quantized copy and never reads
 the float32 one; once a session has pre-packed the quantized arrays, it does not read
 those either; of an embedding table a call reads only the rows of its tokens. All of it
-still sits in the process's memory. ``offload`` writes such a region to
-an unlinked file in a directory on disk and maps the file over the region's whole pages
+still sits in the process's memory. ``offload`` writes such a region to an unlinked file
+in a directory on disk and maps the file over the region's whole pages
 at the same addresses (``mmap(MAP_PRIVATE | MAP_FIXED)``): the tensor keeps its address,
 its values, its version counter and every reference to it, so nothing that holds it (the
 module, Dynamo's graphs, ORT's shared initializers, lort's weight check) can tell, and
@@ -18,8 +18,9 @@ writes as any memory malloc returns.
 
 ``page_out`` asks the kernel to reclaim the file-backed pages a read brought back in
 (``MADV_PAGEOUT``, which never changes what the memory reads: a clean page is dropped and
-read again from the file; a written one stays). lort calls it after building a session,
-whose pre-packing read every quantized array.
+read again from the file; a written one stays). lort calls it after building a session
+(whose pre-packing read every quantized array) and after resetting a weight check (which
+read every weight to find the element it samples).
 
 The first and last partial page of a region stay where they are. Linux only; Options
 checks the directory (not a tmpfs or ramfs, which would keep the file in memory)."""
