@@ -51,7 +51,6 @@ MAX_REGIONS = 8192
 _lock = threading.Lock()
 #: start address -> length of each region mapped from a file, while its owner lives.
 _regions: dict[int, int] = {}
-_stats = {"bytes": 0, "regions": 0}
 
 
 def _libc():
@@ -114,17 +113,13 @@ def offload(owner, address: int, nbytes: int, directory: str) -> int:
             if fd >= 0:
                 os.close(fd)
         _regions[start] = length
-        _stats["bytes"] += length
-        _stats["regions"] += 1
     weakref.finalize(owner, _forget, start)
     return length
 
 
 def _forget(start: int) -> None:
     with _lock:
-        length = _regions.pop(start, 0)
-        _stats["bytes"] -= length
-        _stats["regions"] -= bool(length)
+        _regions.pop(start, None)
 
 
 def page_out() -> None:
@@ -148,4 +143,4 @@ def regions() -> dict[int, int]:
 def stats() -> dict:
     """Bytes and regions offloaded and still alive."""
     with _lock:
-        return dict(_stats)
+        return {"bytes": sum(_regions.values()), "regions": len(_regions)}
