@@ -66,8 +66,8 @@ sys.path.insert(0, HERE)
 import report  # noqa: E402
 from scale import grid_arguments, grid_choices, run_grid  # noqa: E402
 
-BACKENDS = ["eager", "lort", "lort_int8", "lort_int4", "lort_int8_offload", "lort_int4_offload", "torchao_int8", "torchao_int4", "ortgenai_int8",
-            "ortgenai_int4", "llamacpp_q8_0", "llamacpp_q4_0"]
+BACKENDS = ["eager", "lort", "lort_int8", "lort_int4", "lort_int8_offload", "lort_int4_offload", "torchao_int8",
+            "torchao_int4", "ortgenai_int8", "ortgenai_int4", "llamacpp_q8_0", "llamacpp_q4_0"]
 CASES = ["llama_0.5b", "llama_1.5b", "gpt2_medium"]
 
 CHILD = r"""
@@ -98,11 +98,9 @@ with torch.no_grad():
     want_logits = model(ids).logits
 want = model.generate(ids, **kw)
 params = sum(p.numel() for p in model.parameters())
-plain = model.forward
 
 
 def eager_generate():
-    model.forward = plain
     return model.generate(ids, **kw)
 
 
@@ -140,8 +138,6 @@ else:
         generate = lambda: run.generate(ids, **kw)
 
     def prompt_logits():
-        if run is model:
-            model.forward = plain
         with torch.no_grad():
             return run(ids).logits
 got = generate()
@@ -159,7 +155,7 @@ rel = ((logits - want_logits).norm() / want_logits.norm()).item()
 same = (got[0, ids.shape[1]:] == want[0, ids.shape[1]:]).float().mean().item()
 if backend != "eager":
     import gc
-    del model, plain, eager_generate
+    del model, eager_generate
     gc.collect()  # their own footprint: the float32 model leaves the process
 s = rss.status()
 per_token, eager_per_token = statistics.median(times) / new, statistics.median(eager_times) / new
