@@ -42,7 +42,9 @@ module; the peak is not).
   (prefill included); **vs eager**: eager's ms / token in the same process divided by
   this backend's;
 - **RSS MiB**: resident memory after the timed generates, and its peak (VmHWM) over the
-  whole process;
+  whole process; **PSS MiB**: the same memory with each page counted once however many
+  mappings of the process share it (lort's sessions map one file of pre-packed weights,
+  runtime/prepacked.py);
 - **logits rel. error**: ||logits - eager's|| / ||eager's|| over the prompt's forward;
 - **same tokens**: the share of the 32 greedy tokens equal to eager float32's. Random
   weights give nearly flat logits, so greedy tokens flip at small errors: this figure is
@@ -160,7 +162,7 @@ if backend != "eager":
 s = rss.status()
 per_token, eager_per_token = statistics.median(times) / new, statistics.median(eager_times) / new
 print(json.dumps({"first": first, "per_token": per_token, "vs_eager": eager_per_token / per_token,
-                  "rss": s["VmRSS"], "peak": s["VmHWM"], "rel": rel, "same": same, "params": params}))
+                  "rss": s["VmRSS"], "pss": s.get("Pss"), "peak": s["VmHWM"], "rel": rel, "same": same, "params": params}))
 """
 
 
@@ -173,14 +175,15 @@ def table(results: dict) -> list[str]:
         e = by_backend.get("eager", {})
         vs = f"{r['vs_eager']:.2f}x"
         mem = f"{r['rss'] / e['rss']:.2f}x" if "rss" in e else "-"
+        pss = f"{r['pss'] / 2**20:.0f}" if r.get("pss") else "-"
         return (f"| {b} | {r['first']:.1f} | {r['per_token'] * 1e3:.1f} | {vs} | {r['rss'] / 2**20:.0f} "
-                f"| {r['peak'] / 2**20:.0f} | {mem} | {r['rel']:.2e} | {r['same'] * 100:.0f}% |")
+                f"| {pss} | {r['peak'] / 2**20:.0f} | {mem} | {r['rel']:.2e} | {r['same'] * 100:.0f}% |")
 
     return report.case_tables(
         results, heading,
-        "| backend | first s | ms / token | vs eager | RSS MiB | peak RSS MiB | RSS vs eager "
+        "| backend | first s | ms / token | vs eager | RSS MiB | PSS MiB | peak RSS MiB | RSS vs eager "
         "| logits rel. error | same tokens |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|", row)
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", row)
 
 
 def main(argv=None) -> None:

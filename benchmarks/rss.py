@@ -1,6 +1,6 @@
 """Resident memory of the current process, for the memory benchmarks' child processes
-(benchmarks/memory.py, benchmarks/freeze_memory.py): RSS and its high-water mark from
-/proc, a reset of the mark, a 1 ms sampler where the reset is not allowed, malloc_trim."""
+(benchmarks/memory.py, benchmarks/freeze_memory.py): RSS, its high-water mark and PSS
+from /proc, a reset of the mark, a 1 ms sampler where the reset is not allowed, malloc_trim."""
 
 from __future__ import annotations
 
@@ -10,12 +10,21 @@ import time
 
 
 def status() -> dict:
+    """VmRSS and VmHWM in bytes; Pss too where the kernel reports it (4.14+): a page mapped
+    twice (two sessions mapping the same file) counts twice in RSS, once in PSS."""
     d = {}
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(("VmRSS:", "VmHWM:")):
                 k, v = line.split(":", 1)
                 d[k] = int(v.split()[0]) * 1024
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    d["Pss"] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return d
 
 

@@ -20,7 +20,7 @@ from ..errors import SessionCreationError
 from ..numpy_views import numpy_view
 from ..options import Options
 from ..ort_model import OnnxModel, model_bytes as _proto
-from . import cuda, offload, providers
+from . import cuda, offload, prepacked, providers
 from .memory import _shared_cpu_arena, _shared_cuda_arena, _shared_cuda_pinned
 from .dtypes import ELEMENT_TYPES
 
@@ -115,7 +115,7 @@ class GroupSession:
         self.name = name
         self.device = device
         self.outputs = outputs
-        self.session = create_session(model, device, options, name, threads, count=count, tf32=tf32)
+        self.session = create_session(model, device, options, name, threads, count=count, tf32=tf32, group=True)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._ort_device = _ort_device(device)
@@ -131,6 +131,8 @@ class GroupSession:
         # A persistent binding: inputs are rebound only when a tensor's memory changed
         # (parameters keep theirs across calls and optimizer steps), outputs every call.
         self._binding = _FastBinding(self.session, self._ort_device)
+        #: Its mappings of a pre-packed weight store (runtime/prepacked.py), or None.
+        self._mapped = prepacked.member(self.session)
         self._bound: list = [None] * len(self.input_names)
         self._lock = threading.Lock()
         # Sessions are built while tracing (under FakeTensorMode); real buffers are made
@@ -159,6 +161,8 @@ class GroupSession:
                 binding.clear_outputs()
             if self._placeholder is None:
                 self._prepare()
+            if self._mapped is not None:
+                self._mapped.activate()
             keep = self._bind_inputs(args, binding)  # temporaries whose memory ORT reads
             if self.static_outputs:
                 # Each output in new memory (the caller keeps it), laid out as its
@@ -241,9 +245,14 @@ def create_session(
     count: bool = True,
     tf32: bool = False,
     so: ort.SessionOptions | None = None,
+    group: bool = False,
 ):
     """An ORT session of ``model``; its external initializers (an ``OnnxModel``'s frozen
-    weights) are read from their tensors' memory (``share_initializers``)."""
+    weights) are read from their tensors' memory (``share_initializers``). ``group``: a
+    group's own session (``GroupSession``), not a short-lived one that only times."""
+    # Pre-packed weights mapped from a file (runtime/prepacked.py): the CPU sessions groups
+    # run, of a model quantized with quantize_offload_dir.
+    mapped = group and so is None and device.type == "cpu" and options.quantize_offload_dir is not None
     so = session_options(options, threads, quiet=not count) if so is None else so
     if device.type == "cuda":
         index = _ort_device(device)[1]
@@ -253,12 +262,15 @@ def create_session(
         shared_pinned = options.cuda_pinned_memory == "process" and _shared_cuda_pinned(index)
         if shared_arena or shared_pinned:
             so.add_session_config_entry("session.use_env_allocators", "1")
+    chosen = providers.for_device(device, options.providers, tf32)
     try:
         with unset_fake_temporarily():  # sessions are built while compiling, under FakeTensorMode
-            shared = share_initializers(so, model.external) if isinstance(model, OnnxModel) else ()
-        session = ort.InferenceSession(
-            _proto(model), sess_options=so, providers=providers.for_device(device, options.providers, tf32),
-        )
+            session = _mapped_session(model, chosen, options, threads) if mapped else None
+            if session is None:
+                shared = share_initializers(so, model.external) if isinstance(model, OnnxModel) else ()
+                session = ort.InferenceSession(_proto(model), sess_options=so, providers=chosen)
+            else:
+                session, shared = session
     except Exception as e:
         raise SessionCreationError(f"ONNX Runtime could not build a session for group {name!r}: {e}") from e
     finally:
@@ -273,6 +285,29 @@ def create_session(
     if count:
         stats.add_session()
     return session
+
+
+def _mapped_session(model, chosen, options: Options, threads: int | None) -> tuple | None:
+    """``model``'s session with its initializers and pre-packed weights mapped from the
+    store in Options.quantize_offload_dir, and what must outlive it; None (and a warning)
+    where the store cannot take it: the session is then built in memory. The first build
+    reads the shared initializers from the tensors' memory; the session that runs reads
+    every initializer from the store (ORT 1.31 mapped none of a file's data for a session
+    given initializers of its own: it read them all into its memory)."""
+    keep = []
+
+    def first() -> ort.SessionOptions:
+        so = session_options(options, threads)
+        if isinstance(model, OnnxModel):
+            keep.append(share_initializers(so, model.external))
+        return so
+
+    try:
+        return prepacked.load(options.quantize_offload_dir, _proto(model), first,
+                              lambda: session_options(options, threads), chosen), ()
+    except (OSError, prepacked.StoreError) as e:
+        logger.warning("lort: pre-packed weights stay in memory (%s)", e)
+        return None
 
 
 def share_initializers(so: ort.SessionOptions, external) -> tuple:
