@@ -152,14 +152,14 @@ for _ in range(repeats):  # interleaved with eager float32 in this process: a VM
         into.append(time.perf_counter() - t0)
         if fn is generate:
             got = out
-logits = prompt_logits()
-rel = ((logits - want_logits).norm() / want_logits.norm()).item()
-same = (got[0, ids.shape[1]:] == want[0, ids.shape[1]:]).float().mean().item()
 if backend != "eager":
     import gc
     del model, eager_generate
     gc.collect()  # their own footprint: the float32 model leaves the process
-s = rss.status()
+s = rss.status()  # after the timed generates, as the table says: before the prompt's forward below
+logits = prompt_logits()
+rel = ((logits - want_logits).norm() / want_logits.norm()).item()
+same = (got[0, ids.shape[1]:] == want[0, ids.shape[1]:]).float().mean().item()
 per_token, eager_per_token = statistics.median(times) / new, statistics.median(eager_times) / new
 print(json.dumps({"first": first, "per_token": per_token, "vs_eager": eager_per_token / per_token,
                   "rss": s["VmRSS"], "pss": s.get("Pss"), "peak": s["VmHWM"], "rel": rel, "same": same, "params": params}))

@@ -305,8 +305,8 @@ def _mapped_session(model, chosen, options: Options, threads: int | None) -> tup
     try:
         return prepacked.load(options.quantize_offload_dir, _proto(model), first,
                               lambda: session_options(options, threads), chosen), ()
-    except (OSError, prepacked.StoreError) as e:
-        logger.warning("lort: pre-packed weights stay in memory (%s)", e)
+    except Exception as e:  # noqa: BLE001 - the session built in memory is the same session
+        logger.warning("lort: pre-packed weights stay in this session's memory (%s: %s)", type(e).__name__, e)
         return None
 
 
