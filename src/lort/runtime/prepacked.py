@@ -210,7 +210,10 @@ class Store:
             del view
         finally:
             if not isinstance(data, bytes):
-                data.close()
+                try:
+                    data.close()
+                except BufferError:  # a view a raised error's traceback holds: closed when collected
+                    pass
         if self.size > start:
             os.fdatasync(self.fd)  # clean pages, which the kernel can drop and read again
             os.posix_fadvise(self.fd, start, self.size - start, os.POSIX_FADV_DONTNEED)
