@@ -74,6 +74,17 @@ def _options(**more):
     return {"quantize": "int4", "quantize_accuracy_level": 1, "executor": "ort", "disk_cache": False, **more}
 
 
+def _decoder():
+    """A 2-layer LlamaForCausalLM, a copy of it, and an 8-token prompt."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    return model, copy.deepcopy(model), torch.randint(0, 1000, (1, 8))
+
+
 def _model():
     model, (ids,) = llama(layers=2, hidden=512, heads=8, kv_heads=2, seq=16)
     return model.eval(), ids
@@ -175,14 +186,7 @@ def test_an_offload_directory_on_tmpfs_is_refused():
 def test_a_decoder_generates_its_tokens_with_its_weights_offloaded(disk_dir):
     """Prefill and decode graphs (three compiles) share each weight's quantized arrays;
     after every compile the offloaded memory is out of the resident set again."""
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
-                                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    kept = copy.deepcopy(model)
-    ids = torch.randint(0, 1000, (1, 8))
+    model, kept, ids = _decoder()
     kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0)
     earlier = set(offload.regions())
     torch._dynamo.reset()

@@ -5,12 +5,10 @@ tables of the other sessions over the same weights; the store goes with its sess
 
 from __future__ import annotations
 
-import copy
 import gc
 import os
 
 import numpy as np
-import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
@@ -19,7 +17,7 @@ from lort.options import Options
 from lort.runtime import prepacked
 from lort.runtime.session import GroupSession, OutputSpec
 
-from test_quantize_offload import _options, disk_dir  # noqa: F401 - a fixture
+from test_quantize_offload import _decoder, _options, disk_dir  # noqa: F401 - a fixture
 
 K = N = 512
 LAYERS = 4
@@ -201,14 +199,7 @@ def test_a_decoder_maps_its_prefill_and_decode_sessions_from_one_store(disk_dir)
     generate only the decode holds its pages (it ran more than STREAK times in a row);
     tokens as built in memory, also after a norm weight, which no quantization replaces,
     is written in place."""
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
-                                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=64)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    kept = copy.deepcopy(model)
-    ids = torch.randint(0, 1000, (1, 8))
+    model, kept, ids = _decoder()
     kw = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
     # Dynamo's own dynamic shapes: one decode graph for every cache length, so that the
     # decode session runs more than STREAK times in a row (both models' graphs under the

@@ -65,6 +65,12 @@ def _libc():
 _LIBC = _libc() if sys.platform.startswith("linux") else None
 
 
+def madvise(start: int, length: int, advice: int) -> int:
+    """libc's madvise over [start, start + length): 0, else -1 with errno set
+    (runtime/prepacked.py drops its sessions' pages through it too)."""
+    return _LIBC.madvise(start, length, advice)
+
+
 def _pages(address: int, nbytes: int) -> tuple[int, int]:
     """The whole pages inside [address, address + nbytes): (start, length)."""
     start = -(-address // _PAGE) * _PAGE

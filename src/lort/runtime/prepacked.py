@@ -33,7 +33,6 @@ one a crashed process left behind is removed by the next store made in that dire
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import hashlib
 import logging
@@ -49,6 +48,8 @@ from typing import Callable
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+from . import offload
 
 logger = logging.getLogger("lort")
 
@@ -67,16 +68,6 @@ _stores: dict[str, "Store"] = {}
 
 class StoreError(Exception):
     """The optimized graph could not be moved into the store (a layout lort does not know)."""
-
-
-def _libc():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.restype = ctypes.c_int
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return libc
-
-
-_LIBC = _libc()
 
 
 def load(directory: str, proto: bytes, first: Callable[[], ort.SessionOptions],
@@ -337,7 +328,7 @@ class Member:
                 live = _mappings(self.store.file_id)
                 for start, end in self.regions:
                     if any(s <= start and end <= e for s, e in live) and not _written(start, end):
-                        _LIBC.madvise(start, end - start, _MADV_DONTNEED)
+                        offload.madvise(start, end - start, _MADV_DONTNEED)
         finally:
             if enabled:
                 gc.enable()
