@@ -160,6 +160,29 @@ def test_offload_moves_a_region_to_a_file_at_the_same_addresses(disk_dir, caplog
     assert start not in _offloaded_mappings()  # free() unmapped it, and the file with it
 
 
+def test_page_out_takes_the_pages_another_cpu_read_in(disk_dir):
+    """A page read in lately sits in the LRU cache of the CPU that read it, where
+    MADV_PAGEOUT cannot take it; on an idle CPU it stays there. page_out drains them first."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip(f"needs two CPUs to run on, this process may use {len(cpus)}")
+    t = torch.randn(1024, 1024)
+    assert offload.offload(t, t.data_ptr(), t.untyped_storage().nbytes(), disk_dir) > 0
+    start = _start(t)
+    offload.madvise(start, offload.regions()[start], 1)  # MADV_RANDOM: a read brings in one page
+    resident = []
+    try:
+        for i in range(4):
+            os.sched_setaffinity(0, {cpus[0]})
+            float(t.view(-1)[i * 100_000])
+            os.sched_setaffinity(0, {cpus[1]})
+            offload.page_out()
+            resident.append(_offloaded_mappings()[start][1])
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert resident == [0, 0, 0, 0]
+
+
 def test_offload_of_a_region_smaller_than_a_mebibyte_is_skipped(disk_dir):
     t = torch.randn(64, 1024)
     assert offload.offload(t, t.data_ptr(), t.untyped_storage().nbytes(), disk_dir) == 0

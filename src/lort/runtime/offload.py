@@ -20,7 +20,10 @@ writes as any memory malloc returns.
 (``MADV_PAGEOUT``, which never changes what the memory reads: a clean page is dropped and
 read again from the file; a written one stays). lort calls it after building a session
 (whose pre-packing read every quantized array) and after resetting a weight check (which
-read every weight to find the element it samples).
+read every weight to find the element it samples). ``MADV_PAGEOUT`` takes only pages on the
+kernel's LRU lists; a page read in lately can still sit in the per-CPU cache of the CPU
+that read it, and on an idle CPU it stays there: ``page_out`` first has the kernel drain
+every CPU's cache (``_drain_lru_caches``).
 
 The first and last partial page of a region stay where they are. Linux only; Options
 checks the directory (not a tmpfs or ramfs, which would keep the file in memory)."""
@@ -51,6 +54,8 @@ MAX_REGIONS = 8192
 _lock = threading.Lock()
 #: start address -> length of each region mapped from a file, while its owner lives.
 _regions: dict[int, int] = {}
+#: (descriptor, mapping) of the page ``_drain_lru_caches`` advises on, made with the first region.
+_drain_page: tuple[int, mmap.mmap] | None = None
 
 
 def _libc():
@@ -119,8 +124,40 @@ def offload(owner, address: int, nbytes: int, directory: str) -> int:
             if fd >= 0:
                 os.close(fd)
         _regions[start] = length
+        if _drain_page is None:
+            _make_drain_page(directory)
     weakref.finalize(owner, _forget, start)
     return length
+
+
+def _make_drain_page(directory: str) -> None:
+    """One clean page of an unlinked file in ``directory`` (on a disk: a tmpfs ignores the
+    advice), mapped for the process's lifetime. Called under ``_lock``."""
+    global _drain_page
+    fd = -1
+    try:
+        fd, path = tempfile.mkstemp(prefix="lort-drain-", dir=directory)
+        os.unlink(path)
+        os.write(fd, bytes(_PAGE))
+        os.fdatasync(fd)  # a dirty page would go to writeback, which the advice skips uncounted
+        _drain_page = fd, mmap.mmap(fd, _PAGE, mmap.MAP_PRIVATE, mmap.PROT_READ)
+    except OSError as e:
+        logger.debug("lort: no page to drain the kernel's LRU caches through (%s)", e)
+        if fd >= 0:
+            os.close(fd)
+
+
+def _drain_lru_caches() -> None:
+    """Have the kernel move the pages in every CPU's LRU cache onto its LRU lists.
+    ``POSIX_FADV_DONTNEED`` over a page the process maps fails to drop it, and the kernel
+    answers a failure by draining every CPU's cache before it tries again (mm/fadvise.c,
+    on every Linux that has MADV_PAGEOUT); the page stays. Reading it first maps it again if memory pressure
+    had reclaimed it."""
+    if _drain_page is None:
+        return
+    fd, page = _drain_page
+    page[0]
+    os.posix_fadvise(fd, 0, _PAGE, os.POSIX_FADV_DONTNEED)
 
 
 def _forget(start: int) -> None:
@@ -135,6 +172,8 @@ def page_out() -> None:
         return
     with _lock:
         regions = list(_regions.items())
+        if regions:
+            _drain_lru_caches()
     for start, length in regions:
         if _LIBC.madvise(start, length, _MADV_PAGEOUT) != 0 and ctypes.get_errno() == errno.EINVAL:
             return  # a kernel before 5.4 has no MADV_PAGEOUT: the pages stay until memory is short
