@@ -7,8 +7,8 @@ temporary directory that is removed), builds an ``onnxruntime.InferenceSession``
 ORT_ENABLE_ALL with intra-op threads = torch.get_num_threads() on the CPU provider (the
 CUDA provider on a CUDA device), and returns a ``step()`` that runs it. The session
 options otherwise match lort's own (runtime/session.py): one inter-op thread, sequential
-execution, spinning off, so the comparison differs in the graph ORT is given (whole, with
-constant weights) and not in how its threads wait.
+execution, threads spinning within a run and stopped when it returns, so the comparison
+differs in the graph ORT is given (whole, with constant weights) and not in how its threads wait.
 
 The step runs through an IOBinding over the torch tensors' own memory, as lort does: the
 inputs are bound once (the benchmark calls it on the same tensors every time), and each
@@ -89,7 +89,7 @@ def _tf32_kinds(model_bytes: bytes) -> frozenset:
     return frozenset(kinds)
 
 
-def make_session(model_bytes: bytes, device: str = "cpu", spinning: bool = False) -> ort.InferenceSession:
+def make_session(model_bytes: bytes, device: str = "cpu", spinning: bool = True) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = torch.get_num_threads()
@@ -98,6 +98,7 @@ def make_session(model_bytes: bytes, device: str = "cpu", spinning: bool = False
     so.log_severity_level = 3
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spinning else "0")
+    so.add_session_config_entry("session.force_spinning_stop", "1")  # as lort's Options.force_spinning_stop
     if torch.device(device).type == "cuda":
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
@@ -141,7 +142,7 @@ def _bound_step(session: ort.InferenceSession, args: tuple, device: torch.device
 
 
 def whole_ort_step(model: torch.nn.Module, args: tuple, device: str = "cpu",
-                   spinning: bool = False) -> Callable[[], list] | str:
+                   spinning: bool = True) -> Callable[[], list] | str:
     """A step running ``model`` (in eval mode) on ``args`` exported whole to ORT, checked
     against eager once; or why not: "export fails: ...", "session fails: ...",
     "binding fails: ..." or "wrong output: ..."."""
@@ -171,8 +172,8 @@ def whole_ort_step(model: torch.nn.Module, args: tuple, device: str = "cpu",
 
 WHOLE_TEXT = [
     "Whole ORT: the same model exported whole (torch.onnx.export(dynamo=True), weights as initializers)",
-    "and run in one ORT session at ORT_ENABLE_ALL with lort's thread settings (torch's thread count, no",
-    "spinning), through an IOBinding over the inputs' memory as lort binds them, outputs allocated by torch",
+    "and run in one ORT session at ORT_ENABLE_ALL with lort's thread settings (torch's thread count,",
+    "spinning within a run), through an IOBinding over the inputs' memory as lort binds them, outputs allocated by torch",
     "each call (benchmarks/whole_ort.py); inference only, timed in the same round-robin, checked against",
     "eager before timing. lort vs whole ORT = whole ORT time / lort time; \"export fails\" (or \"wrong",
     "output\") where it could not run, with the reason under the table.",

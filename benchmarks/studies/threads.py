@@ -1,14 +1,10 @@
 """ORT thread settings: lort variants side by side with eager, in one process, on CPU.
 
 For each model and scenario (infer1 / infer8: inference under no_grad at batch 1 / 8;
-train: forward + backward at batch 8), four lort variants, all with executor="ort" so
-that every group runs in ORT (a hybrid graph such as resnet18's training graph then
-alternates ORT groups with PyTorch ops, convolution_backward among them):
-
-    a: intra_op_num_threads=None   (per group: 1 or torch's thread count, by timing; default)
-    b: intra_op_num_threads=2
-    c: intra_op_num_threads=1
-    d: intra_op_num_threads=2, allow_spinning=True
+train: forward + backward at batch 8), the lort variants of ``VARIANTS`` (thread counts
+and spinning), all with executor="ort" so that every group runs in ORT (a hybrid graph
+such as resnet18's training graph then alternates ORT groups with PyTorch ops,
+convolution_backward among them).
 
 Each variant compiles its own deep copy of the model with its own lort.LortBackend
 (checked: every backend records graphs), and all of them plus eager are timed
@@ -41,11 +37,13 @@ from timing import timed_interleaved  # noqa: E402
 import lort  # noqa: E402
 from lort.testing.models import CASES, output_tensor  # noqa: E402
 
+#: name -> lort options (beside COMMON). intra_op_num_threads=None: per group, 1 thread
+#: or torch's thread count, chosen by timing (lort's default).
 VARIANTS = {
-    "a": {"intra_op_num_threads": None},
-    "b": {"intra_op_num_threads": 2},
-    "c": {"intra_op_num_threads": 1},
-    "d": {"intra_op_num_threads": 2, "allow_spinning": True},
+    "a": {"intra_op_num_threads": None, "allow_spinning": False},
+    "b": {"intra_op_num_threads": None, "allow_spinning": True, "force_spinning_stop": True},
+    "c": {"intra_op_num_threads": 2, "allow_spinning": True, "force_spinning_stop": True},
+    "d": {"intra_op_num_threads": 2, "allow_spinning": True, "force_spinning_stop": False},
 }
 COMMON = {"executor": "ort", "disk_cache": False}
 
@@ -95,7 +93,7 @@ def run(models, scenarios, min_time):
                 if not backend.records:
                     raise RuntimeError(f"{name} {scenario}: variant {v} compiled no graph of its own")
                 steps[v], backends[v] = step, backend
-            # A pause after each sample: variant d's spinning threads must not slow the next.
+            # A pause after each sample: threads left spinning must not slow the next variant.
             times = timed_interleaved(steps, min_time * len(steps), settle_s=0.05)
             row = dict(
                 model=name,
@@ -115,16 +113,18 @@ def format_row(row):
     for v in VARIANTS:
         cells.append(f"{t[v] * 1e3:.3f} ({t['eager'] / t[v]:.2f}x)")
     info = row["info"]["a"]
+    chosen = ", ".join(f"{v}: {row['info'][v]['threads']}" for v in VARIANTS
+                       if VARIANTS[v]["intra_op_num_threads"] is None and row["info"][v]["threads"])
     return (
         f"| {row['model']} | {row['scenario']} | " + " | ".join(cells) + f" | {info['groups']} / {info['torch_nodes']} "
-        f"| {info['threads'] or '-'} |"
+        f"| {chosen or '-'} |"
     )
 
 
 HEADER = (
-    "| model | run | eager ms | a: threads None ms | b: 2 threads ms | c: 1 thread ms | d: 2 threads + spinning ms "
-    "| ORT groups / ATen nodes in PyTorch | a: threads chosen |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---|"
+    "| model | run | eager ms | " + " | ".join(f"{v} ms" for v in VARIANTS)
+    + " | ORT groups / ATen nodes in PyTorch | threads chosen |\n"
+    "|---|---|---:|" + "---:|" * len(VARIANTS) + "---:|---|"
 )
 
 
@@ -162,18 +162,17 @@ def main(argv=None):
         "timing) and `disk_cache=False` (thread choices made afresh); each compiles its own deep copy of the",
         "model with its own `lort.LortBackend`:",
         "",
-        "- a: `intra_op_num_threads=None`: per group, 1 thread or torch's thread count, chosen by timing (default)",
-        "- b: `intra_op_num_threads=2`",
-        "- c: `intra_op_num_threads=1`",
-        "- d: `intra_op_num_threads=2, allow_spinning=True`",
+        *[f"- {v}: " + ", ".join(f"`{k}={o!r}`" for k, o in opts.items()) for v, opts in VARIANTS.items()],
         "",
-        "a, b and c leave `allow_spinning` at its default (False). Times are the median of 11 samples per",
-        "variant, taken round-robin with eager, with a 50 ms pause after each sample so that d's spinning",
-        "threads do not slow the variant timed next; in",
+        "`intra_op_num_threads=None`: per group, 1 thread or torch's thread count, chosen by timing (lort's",
+        "default). `allow_spinning`: ORT's threads spin while they wait for work in a run;",
+        "`force_spinning_stop`: they stop when the run returns. Times are the median of 11 samples per",
+        "variant, taken round-robin with eager, with a 50 ms pause after each sample so that threads left",
+        "spinning do not slow the variant timed next; in",
         "brackets the speed-up over eager (eager time / variant time, above 1 = faster than eager).",
         "infer1/infer8: inference under no_grad at batch 1 / 8; train: forward + backward at batch 8.",
         "ORT groups / ATen nodes in PyTorch: over all of variant a's graphs (nodes in PyTorch > 0 = hybrid",
-        "graph). Threads chosen: variant a's groups by thread count (e.g. 3x1t = three groups on 1 thread).",
+        "graph). Threads chosen: each timed variant's groups by thread count (e.g. 3x1t = three groups on 1 thread).",
         "",
         HEADER,
         *[format_row(r) for r in rows],

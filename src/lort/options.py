@@ -173,10 +173,15 @@ class Options:
     #: Apply onnxscript's ORT fusion rewrites (GELU, skip layer norm, attention, fused
     #: matmul, ...) to each group before ORT's own optimizations. A bool; default ``True``.
     ort_fusions: bool = True
-    #: Let ORT's thread pool spin after a run. Faster back-to-back ORT runs, but the
-    #: spinning threads steal the cores of whatever PyTorch runs next (measured in
-    #: benchmarks/studies/threads.md), so it is opt-in. A bool; default ``False``.
-    allow_spinning: bool = False
+    #: ORT's intra-op threads spin while they wait for work inside a run, instead of being
+    #: woken for each parallel op. ``"inference"``: in inference graphs, not in training
+    #: graphs, whose groups alternate with PyTorch's kernels (benchmarks/studies/threads.md).
+    #: One of ``"inference"``, ``True``, ``False``; default ``"inference"``.
+    allow_spinning: "bool | str" = "inference"
+    #: Stop spinning threads when a run returns (ORT's ``session.force_spinning_stop``);
+    #: ``False`` lets them spin on, stealing the cores of the PyTorch code that follows
+    #: (training 0.46x eager against 0.85x). A bool; default ``True``.
+    force_spinning_stop: bool = True
     #: Every lort session on CPU allocates from one ORT arena shared by the process,
     #: instead of an arena per session that keeps its peak for good, which lowers peak
     #: RSS in training (benchmarks/results/memory.md, before and after). A bool; default
@@ -348,6 +353,10 @@ class Options:
         if isinstance(self.freeze_max_mb, bool) or not isinstance(self.freeze_max_mb, (int, float)) \
                 or not self.freeze_max_mb >= 0:
             raise ValueError(f"lort option freeze_max_mb={self.freeze_max_mb!r} must be a number >= 0")
+        if not (isinstance(self.allow_spinning, bool) or self.allow_spinning == "inference"):
+            raise ValueError(f"lort option allow_spinning={self.allow_spinning!r} must be 'inference', True or False")
+        if not isinstance(self.force_spinning_stop, bool):
+            raise ValueError(f"lort option force_spinning_stop={self.force_spinning_stop!r} must be True or False")
         if not isinstance(self.direct_inference, bool):
             raise ValueError(f"lort option direct_inference={self.direct_inference!r} must be True or False")
         if not isinstance(self.progress, bool):

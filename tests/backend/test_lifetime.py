@@ -155,7 +155,7 @@ def test_compiles_with_equal_options_share_sessions_until_both_models_go(tmp_pat
         assert stats.sessions_created > built
         return
     assert stats.sessions_created == built  # the first compile's session, shared
-    third = compile_and_run({**options, "allow_spinning": True})
+    third = compile_and_run({**options, "force_spinning_stop": False})
     assert stats.sessions_created > built + 0  # other session settings: a session of its own
     assert shared_sessions.count() >= 1
     shared = [weakref.ref(s) for s in list(shared_sessions._sessions.values())]

@@ -74,9 +74,11 @@ def session_options(options: Options, threads: int | None = None, quiet: bool = 
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     # Timing runs on synthetic inputs may fail (an integer divisor of 0): not worth a log.
     so.log_severity_level = 4 if quiet else 3
-    spin = "1" if options.allow_spinning else "0"
+    # "inference" reaches only inference graphs' sessions (compile/graph_compiler.py).
+    spin = "0" if options.allow_spinning is False else "1"
     so.add_session_config_entry("session.intra_op.allow_spinning", spin)
     so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    so.add_session_config_entry("session.force_spinning_stop", "1" if options.force_spinning_stop else "0")
     return so
 
 
