@@ -151,13 +151,16 @@ def _drain_lru_caches() -> None:
     """Have the kernel move the pages in every CPU's LRU cache onto its LRU lists.
     ``POSIX_FADV_DONTNEED`` over a page the process maps fails to drop it, and the kernel
     answers a failure by draining every CPU's cache before it tries again (mm/fadvise.c,
-    on every Linux that has MADV_PAGEOUT); the page stays. Reading it first maps it again if memory pressure
-    had reclaimed it."""
+    on every Linux that has MADV_PAGEOUT); the page stays. Reading it first maps it again
+    if memory pressure had reclaimed it. A failure only leaves such pages resident."""
     if _drain_page is None:
         return
     fd, page = _drain_page
     page[0]
-    os.posix_fadvise(fd, 0, _PAGE, os.POSIX_FADV_DONTNEED)
+    try:
+        os.posix_fadvise(fd, 0, _PAGE, os.POSIX_FADV_DONTNEED)
+    except OSError as e:
+        logger.debug("lort: could not drain the kernel's LRU caches (%s)", e)
 
 
 def _forget(start: int) -> None:
