@@ -178,7 +178,7 @@ def page_out() -> None:
         if regions:
             _drain_lru_caches()
     for start, length in regions:
-        if _LIBC.madvise(start, length, _MADV_PAGEOUT) != 0 and ctypes.get_errno() == errno.EINVAL:
+        if madvise(start, length, _MADV_PAGEOUT) != 0 and ctypes.get_errno() == errno.EINVAL:
             return  # a kernel before 5.4 has no MADV_PAGEOUT: the pages stay until memory is short
 
 
