@@ -16,14 +16,17 @@ then:
   ``torch.compile(forward, backend="lort", options=...)`` (``executor="ort"``;
   ``quantize`` for int8/int4, its other settings at their defaults: blocks of 32,
   asymmetric, int8 compute); ``lort_int8_offload``, ``lort_int4_offload`` with
-  ``quantize_offload_dir`` too (a temporary directory under /var/tmp);
+  ``quantize_offload_dir`` too (a temporary directory under /var/tmp); ``_sym`` after the
+  bit width (``lort_int4_sym``, ``lort_int4_sym_offload``): ``quantize_symmetric=True``
+  (no zero points: llama.cpp's Q4_0 / Q8_0 and ORT GenAI's builder default);
 - ``torchao_int8``, ``torchao_int4`` (PyTorch's way): torchao's ``quantize_`` with
   ``Int8WeightOnlyConfig()`` or, for CPU int4, ``PrototypeInt4WeightOnlyConfig(group_size=32)``
   (``_weight_int4pack_mm_for_cpu``), then ``torch.compile(model.forward)`` (inductor);
   float32 activations, as every other row;
 - ``ortgenai_int8``, ``ortgenai_int4``: ORT GenAI's model builder on the checkpoint
   saved locally, with lort's quantization settings (benchmarks/peer_ortgenai.py;
-  Llama only: its builder has no GPT-2);
+  Llama only: its builder has no GPT-2); ``ortgenai_int8_sym``, ``ortgenai_int4_sym``:
+  symmetric, its builder's default;
 - ``llamacpp_q8_0``, ``llamacpp_q4_0``: llama.cpp through llama-cpp-python, a GGUF
   converted from the same checkpoint and quantized to Q8_0 / Q4_0
   (benchmarks/peer_llamacpp.py).
@@ -68,8 +71,10 @@ sys.path.insert(0, HERE)
 import report  # noqa: E402
 from scale import grid_arguments, grid_choices, run_grid  # noqa: E402
 
-BACKENDS = ["eager", "lort", "lort_int8", "lort_int4", "lort_int8_offload", "lort_int4_offload", "torchao_int8",
-            "torchao_int4", "ortgenai_int8", "ortgenai_int4", "llamacpp_q8_0", "llamacpp_q4_0"]
+BACKENDS = ["eager", "lort", "lort_int8", "lort_int4", "lort_int8_offload", "lort_int4_offload", "lort_int8_sym",
+            "lort_int4_sym", "lort_int8_sym_offload", "lort_int4_sym_offload", "torchao_int8", "torchao_int4",
+            "ortgenai_int8", "ortgenai_int4", "ortgenai_int8_sym", "ortgenai_int4_sym", "llamacpp_q8_0",
+            "llamacpp_q4_0"]
 CASES = ["llama_0.5b", "llama_1.5b", "gpt2_medium"]
 
 CHILD = r"""
@@ -111,7 +116,11 @@ if backend.startswith(("ortgenai", "llamacpp")):  # a peer runtime, from the che
     import importlib, tempfile
     kind, scheme = backend.split("_", 1)
     work = tempfile.TemporaryDirectory(prefix="lort-peer-")  # removed at exit
-    runner = importlib.import_module("peer_" + kind).prepare(model, work.name, scheme)
+    if kind == "ortgenai":  # int4 / int4_sym ...: the precision, and symmetric or lort's asymmetric default
+        scheme, _, sym = scheme.partition("_")
+        runner = importlib.import_module("peer_ortgenai").prepare(model, work.name, scheme, symmetric=sym == "sym")
+    else:
+        runner = importlib.import_module("peer_" + kind).prepare(model, work.name, scheme)
     generate = lambda: runner.generate(ids, new)
     prompt_logits = lambda: runner.logits(ids)
 else:
@@ -133,6 +142,8 @@ else:
         options = {"executor": "ort"}
         if backend != "lort":
             options["quantize"] = backend.split("_")[1]
+        if "_sym" in backend:
+            options["quantize_symmetric"] = True
         if backend.endswith("_offload"):
             offload_dir = tempfile.TemporaryDirectory(prefix="lort-offload-", dir="/var/tmp")  # a disk, not tmpfs
             options["quantize_offload_dir"] = offload_dir.name
