@@ -227,8 +227,8 @@ class Options:
     #: "int8_dynamic" has one block per output column). One of 16, 32, 64, 128, 256;
     #: default ``32``.
     quantize_block_size: int = 32
-    #: Symmetric quantization (no zero points; "int8_dynamic": the zero point 128 of
-    #: its uint8 weights) instead of asymmetric. A bool; default ``False``.
+    #: Symmetric (no zero points, as llama.cpp's Q4_0, ORT GenAI's default; int4 decodes ~13% faster
+    #: on AVX2; "int8_dynamic": uint8 weights' zero point 128) or asymmetric. A bool; default ``False``.
     quantize_symmetric: bool = False
     #: MatMulNBits' ``accuracy_level``: the precision its CPU kernel computes in: 0
     #: (unset: the kernel's default), 1 (float32), 2 (float16), 3 (bfloat16), 4 (int8:
