@@ -1,0 +1,102 @@
+"""A decode step and a prompt's prefill, apart: lort int4 against ORT GenAI and llama.cpp.
+
+``benchmarks/quantized_decoding.py`` divides a whole ``generate`` (prefill included) by its
+new tokens. This study splits that time, per backend, on a Llama-style decoder of the
+1.41B case's width (hidden 1536, 12 heads over 2 key/value heads, SwiGLU 8960, a
+32000-token vocabulary) with fewer layers (``--layers``, default 8), random weights:
+
+- **prefill+1**: the median ``generate`` of 1 new token after the 16-token prompt (the
+  prompt's forward and one token);
+- **decode step**: (the median ``generate`` of 33 new tokens - prefill+1) / 32.
+
+Each backend runs in a fresh process (the peers load their own runtimes), 7 rounds of the
+two generates interleaved after two warm-up generates; one process at a time.
+Backends: ``lort_int4``, ``lort_int4_sym`` (``quantize="int4"``, ``executor="ort"``,
+``quantize_symmetric`` False / True), ``ortgenai_int4``, ``ortgenai_int4_sym``
+(benchmarks/peer_ortgenai.py, asymmetric / symmetric), ``llamacpp_q4_0``
+(benchmarks/peer_llamacpp.py). The peers need the environment ``make bench-peers`` builds:
+
+    .venv-peers/bin/python benchmarks/studies/decode_split.py [--layers 8] [--backends lort_int4_sym,...]
+
+Prints Markdown rows; the reading is in benchmarks/results/quantized_decoding.md
+("Symmetric int4 against the peers' own setting").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.dirname(HERE)
+BACKENDS = ["lort_int4", "lort_int4_sym", "ortgenai_int4", "ortgenai_int4_sym", "llamacpp_q4_0"]
+
+CHILD = r"""
+import json, statistics, sys, tempfile, time
+sys.path.insert(0, sys.argv[1])
+from lort.testing.models import make_torchvision_importable
+make_torchvision_importable()
+import torch, transformers
+layers, backend = int(sys.argv[2]), sys.argv[3]
+cfg = transformers.LlamaConfig(vocab_size=32000, max_position_embeddings=512, hidden_size=1536,
+                               intermediate_size=8960, num_hidden_layers=layers, num_attention_heads=12,
+                               num_key_value_heads=2)
+torch.manual_seed(0)
+model = transformers.LlamaForCausalLM(cfg).eval()
+ids = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(1))
+work = tempfile.TemporaryDirectory(prefix="lort-split-")
+if backend.startswith("llamacpp"):
+    import peer_llamacpp
+    runner = peer_llamacpp.prepare(model, work.name, backend.split("_", 1)[1])
+    gen = lambda n: runner.generate(ids, n)
+elif backend.startswith("ortgenai"):
+    import peer_ortgenai
+    runner = peer_ortgenai.prepare(model, work.name, "int4", symmetric=backend.endswith("_sym"))
+    gen = lambda n: runner.generate(ids, n)
+else:
+    options = {"executor": "ort", "quantize": "int4", "quantize_symmetric": backend.endswith("_sym")}
+    model.forward = torch.compile(model.forward, backend="lort", options=options)
+
+    def gen(n):
+        with torch.no_grad():
+            return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+gen(1), gen(33), gen(33)
+one, full = [], []
+for _ in range(7):
+    for n, into in ((1, one), (33, full)):
+        t0 = time.perf_counter()
+        gen(n)
+        into.append(time.perf_counter() - t0)
+prefill, whole = statistics.median(one), statistics.median(full)
+print("RESULT " + json.dumps({"prefill": prefill, "step": (whole - prefill) / 32}))
+"""
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    a = ap.parse_args(argv)
+    backends = a.backends.split(",")
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        ap.error(f"unknown backends {unknown}; choose from {BACKENDS}")
+    print(f"| backend ({a.layers} layers) | prefill+1 ms | decode step ms |")
+    print("|---|---:|---:|")
+    for backend in backends:
+        proc = subprocess.run([sys.executable, "-c", CHILD, BENCH, str(a.layers), backend],
+                              capture_output=True, text=True)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            print(f"| {backend} | failed: {tail} | |")
+            continue
+        r = json.loads(lines[-1][len("RESULT "):])
+        print(f"| {backend} | {r['prefill'] * 1e3:.1f} | {r['step'] * 1e3:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
