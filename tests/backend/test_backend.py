@@ -602,7 +602,7 @@ def _spin_entries(backend) -> dict:
 
 def test_ort_threads_spin_within_inference_runs_and_stop_when_they_return_unless_asked_otherwise():
     """Threads that sleep between a run's ops are woken for each of them (bert at batch 8:
-    1.22x eager without spinning, 1.50x with); in training graphs, whose groups alternate
+    1.13x eager without spinning, 1.60x with); in training graphs, whose groups alternate
     with PyTorch's kernels, spinning lost (0.61-0.70x eager against 0.69-0.82x); threads
     that spin on after a run steal the cores of the PyTorch code that follows (training
     0.33x). Default: they spin within an inference run and stop when it returns
