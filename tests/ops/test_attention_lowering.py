@@ -90,7 +90,9 @@ def test_a_decoder_generates_eager_tokens(layers, tmp_path):
     cache): greedy tokens and logits as eager's, attention in ORT, and the rotary
     embedding of each layer's query and key as ONNX's RotaryEmbedding (onnxscript's
     fusion, translate/_compat._onnx_fusions; 6 layers are translated one layer at a
-    time and stitched: translate/repeated.py)."""
+    time and stitched: translate/repeated.py). The steps that read a cache append to it
+    inside Attention, on the token layout (translate/token_layout.py): the node gives
+    the present key and value, and no Concat or Transpose is left."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
@@ -110,9 +112,16 @@ def test_a_decoder_generates_eager_tokens(layers, tmp_path):
     assert torch.equal(got, want)
     torch.testing.assert_close(got_logits, want_logits)
     assert all(r.torch_nodes == 0 for r in backend.records), [r.fallbacks for r in backend.records]
-    assert _attention_nodes(tmp_path) and all(n == ("Attention", 23, 1) for n in _attention_nodes(tmp_path))
+    nodes = _attention_nodes(tmp_path)
+    assert nodes and set(nodes) <= {("Attention", 23, 1), ("Attention", 23, 3)}, nodes
+    assert ("Attention", 23, 3) in nodes, "no step appended to the cache inside Attention"
     counts = _op_counts(tmp_path)
     assert counts and all(c["RotaryEmbedding"] == 2 * layers and c["Neg"] == 0 for c in counts), counts
+    for path in glob.glob(str(tmp_path / "*.onnx")):
+        graph = onnx.load(path, load_external_data=False).graph
+        if any(n.op_type == "Attention" and len(n.output) == 3 for n in graph.node):
+            assert {n.op_type for n in graph.node}.isdisjoint({"Concat", "Transpose"}), path
+            assert all(len(n.output) == 3 for n in graph.node if n.op_type == "Attention"), path
 
 
 def test_training_graphs_keep_the_math_form(tmp_path):

@@ -16,7 +16,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..errors import TranslationError
-from . import _compat, attention, repeated
+from . import _compat, attention, repeated, token_layout
 from .registry import registry
 
 logger = logging.getLogger("lort")
@@ -161,6 +161,8 @@ def _fuse_runs(name: str, gm: torch.fx.GraphModule, runs: list, models: dict[str
     except Exception as e:  # noqa: BLE001 - an optimization: the stitched model stands as it is
         logger.info("lort: %s: fusions across its layers' cuts failed: %s", name, _root_cause(e))
         model = off_compile_thread(_stitched, name, gm, runs, fused)
+    for op, n in _tidy(model).items():  # attention's: the rotary fusion above comes first
+        counts[op] += n
     return (serializer or serialize)(model), {op: n for op, n in counts.items() if n}
 
 
@@ -237,10 +239,21 @@ def fuse_for_ort(model: ir.Model, in_place: bool = False, serializer=None,
     except Exception as e:  # the rewriter is an optimization: never fatal
         logger.info("lort: ORT fusion rewrites failed on %s: %s", model.graph.name, _root_cause(e))
         return None, {}
+    counts = {**counts, **_tidy(fused)}
     if _io_names(fused) != io_names:
         logger.info("lort: ORT fusion rewrites changed the interface of %s; not used", model.graph.name)
         return None, {}
     return (serializer or serialize)(fused), {k: v for k, v in counts.items() if v}
+
+
+def _tidy(model: ir.Model) -> dict[str, int]:
+    """translate/token_layout.py's rewrites of ``model``, in place, and their counts; a
+    failure is logged; the model stays valid (each step of a rewrite keeps every value)."""
+    try:
+        return off_compile_thread(token_layout.tidy, model)
+    except Exception as e:  # noqa: BLE001 - an optimization: never fatal
+        logger.info("lort: layout rewrites failed on %s: %s", model.graph.name, _root_cause(e))
+        return {}
 
 
 def _io_names(model: ir.Model) -> tuple[list, list]:
