@@ -64,6 +64,45 @@ def test_decoding_is_bit_identical_with_and_without_the_rewrites(layers, quantiz
         assert torch.equal(tokens, want)
 
 
+def test_a_padded_batch_decodes_as_without_the_rewrites(monkeypatch):
+    """Two prompts, the shorter padded on the left: every step's attention takes a mask
+    over the cache and the new token, which the rewritten Attention applies to the keys
+    it appends itself."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(1, 128, (2, 6), generator=torch.Generator().manual_seed(1))
+    ids[1, :2] = 0
+    mask = (ids != 0).long()
+
+    def generate(rewrite):
+        if not rewrite:
+            monkeypatch.setattr(token_layout, "tidy", lambda model: {})
+        backend = lort.LortBackend(lort.Options(executor="ort", disk_cache=False))
+        forward = model.forward
+        model.forward = torch.compile(forward, backend=backend)
+        try:
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                                     pad_token_id=0, return_dict_in_generate=True, output_logits=True)
+        finally:
+            model.forward = forward
+            monkeypatch.undo()
+        fired = sum(g.fusions.get("attention_on_tokens", 0) for r in backend.records for g in r.groups)
+        return out.sequences, torch.stack(out.logits), fired
+
+    tokens, logits, fired = generate(True)
+    assert fired >= 2
+    plain_tokens, plain_logits, _ = generate(False)
+    assert torch.equal(tokens, plain_tokens) and torch.equal(logits, plain_logits)
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                              pad_token_id=0)
+    assert torch.equal(tokens, want)
+
+
 # --- the rewrites on small ONNX graphs -------------------------------------------------------
 
 
@@ -110,6 +149,22 @@ def test_a_product_reads_the_token_layout(extra_reader):
     assert ops["Reshape"] == (1 if extra_reader else 0) and ops["MatMul"] == 1, ops
     for got, want in zip(_run(tidied, {"x": x}), _run(model, {"x": x})):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_reshape_that_copies_a_size_keeps_the_product_flat():
+    """A 0 in a Reshape's target copies the input's size at that place: on a
+    three-dimensional product it would copy another size."""
+    model = _product_graph("MatMul")
+    # [6, 5] -> [0, -1] is [6, 5]; [2, 3, 5] -> [0, -1] would be [2, 15]
+    model.graph.initializer[1].CopyFrom(_const("out_shape", [0, -1]))
+    model.graph.node[3].op_type = "Identity"  # (no Relu shape to keep)
+    del model.graph.value_info[:]
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    x = np.random.default_rng(1).standard_normal((2, 3, 8)).astype(np.float32)
+    tidied, counts = _tidied(model)
+    assert counts == {}
+    assert _run(tidied, {"x": x})[0].shape == (6, 5)
 
 
 def test_a_fused_product_that_transposes_its_input_is_left_alone():

@@ -79,7 +79,7 @@ def _reshape_to(value: ir.Value, shape: tuple[int, ...], graph: ir.Graph, before
                       const_value=ir.tensor(np.array(shape, dtype=np.int64)))
     target.shape, target.type = ir.Shape([len(shape)]), ir.TensorType(ir.DataType.INT64)
     graph.register_initializer(target)
-    node = ir.node("Reshape", [value, target], num_outputs=1)
+    node = ir.node("Reshape", [value, target], {"allowzero": 1}, num_outputs=1)
     graph.insert_before(before, node)
     out = node.outputs[0]
     out.shape, out.type = ir.Shape(list(shape)), value.type
@@ -124,8 +124,10 @@ def flatten_products(graph: ir.Graph) -> int:
                 or len(weight) != 2 or flat_shape != (math.prod(x_shape[:-1]), x_shape[-1]):
             continue
         readers = list(node.outputs[0].uses())
+        # (a 0 in a Reshape's target copies the input's size there: the new rank would move it)
         if node.outputs[0].is_graph_output() or not readers or \
-                not all(_is(u.node, "Reshape") and u.idx == 0 for u in readers):
+                not all(_is(u.node, "Reshape") and u.idx == 0 and 0 not in (_ints(u.node.inputs[1]) or (0,))
+                        for u in readers):
             continue
         product = ir.Node(node.domain, node.op_type, [x, *node.inputs[1:]], node.attributes.values(),
                           num_outputs=1, name=f"{node.name}_tokens" if node.name else None)
@@ -180,6 +182,29 @@ def _appended(value: ir.Value) -> tuple[ir.Value, ir.Value, ir.Node] | None:
     return past, new, concat
 
 
+def _unrepeated(value: ir.Value) -> ir.Value:
+    """The cache under transformers' ``repeat_kv`` (its grouped key/value heads repeated
+    for each query head: Unsqueeze(axis 2) -> Expand -> Reshape, each read once), which
+    ``Attention`` does itself from ``kv_num_heads`` with the same grouping (query head
+    ``i`` reads key/value head ``i // repeats``); ``value`` itself where it is no such
+    repeat."""
+    reshape = value.producer()
+    expand = reshape.inputs[0].producer() if _is(reshape, "Reshape") else None
+    unsqueeze = expand.inputs[0].producer() if _is(expand, "Expand") else None
+    if not _is(unsqueeze, "Unsqueeze") or _ints(unsqueeze.inputs[1]) not in ((2,), (-3,)) \
+            or _sole_reader(expand.inputs[0]) is not expand or _sole_reader(reshape.inputs[0]) is not reshape:
+        return value
+    cache, wide, out = unsqueeze.inputs[0], expand.outputs[0].shape, value.shape
+    if cache.shape is None or wide is None or out is None or len(cache.shape) != 4 or len(wide) != 5 or len(out) != 4:
+        return value
+    b, kv, t, d = cache.shape.dims
+    repeats = wide[2]
+    if tuple(wide.dims) != (b, kv, repeats, t, d) or not isinstance(repeats, int) or not isinstance(kv, int) \
+            or tuple(out.dims) != (b, kv * repeats, t, d):
+        return value
+    return cache
+
+
 def _token_output(value: ir.Value) -> ir.Value | None:
     """The value of ``value`` ([b, heads, s, d]) back on the token layout: the output of
     Transpose(0, 2, 1, 3) -> Reshape([b, s, heads*d] or [b*s, heads*d]) reading it, with
@@ -206,7 +231,7 @@ def attention_on_tokens(graph: ir.Graph) -> int:
                 or "q_num_heads" in node.attributes:
             continue
         q = _heads_first(node.inputs[0])
-        k_cache, v_cache = _appended(node.inputs[1]), _appended(node.inputs[2])
+        k_cache, v_cache = _appended(_unrepeated(node.inputs[1])), _appended(_unrepeated(node.inputs[2]))
         if q is None or k_cache is None or v_cache is None:
             continue
         k, v = _heads_first(k_cache[1]), _heads_first(v_cache[1])
