@@ -15,7 +15,8 @@ The path, from the same random-weight Hugging Face model as the other rows:
    builder's ``from transformers import ...`` fails. int4/int8 use the options of lort's
    own int4/int8 rows (Options.quantize defaults): ``block_size=32 accuracy_level=4
    is_symmetric=false`` (blocks of 32, int8 compute, asymmetric with zero points), or
-   ``is_symmetric=true`` with ``symmetric`` (no zero points, the builder's default); every
+   ``is_symmetric=true`` with ``symmetric`` (no zero points, the builder's default), and
+   ``block_size`` from ``prepare``'s argument (64 for the ``_sym64`` rows); every
    MatMul (attention, MLP and lm_head) becomes MatMulNBits, the embedding stays float32.
    ``hf_token=false``, and ``HF_HUB_OFFLINE=1`` in the child: nothing is fetched.
    ``build_seconds`` is the builder's own wall time (its ``main``), the child's start and
@@ -47,7 +48,7 @@ logger = logging.getLogger(__name__)
 PRECISIONS = ("fp32", "int8", "int4")
 #: lort's Options.quantize defaults: blocks of 32, int8 compute (the builder's own
 #: default is symmetric: ``prepare(..., symmetric=True)``).
-QUANT_OPTIONS = ("block_size=32", "accuracy_level=4")
+QUANT_OPTIONS = ("accuracy_level=4",)
 
 _CHILD = r"""
 import sys, time
@@ -129,10 +130,11 @@ def _set_threads(path: str, threads: int) -> None:
         json.dump(cfg, f, indent=4)
 
 
-def prepare(model, workdir: str, precision: str, symmetric: bool = False) -> Runner:
+def prepare(model, workdir: str, precision: str, symmetric: bool = False, block_size: int = 32) -> Runner:
     """Save ``model`` under ``workdir``, build it with ORT GenAI's builder at ``precision``
     (fp32, int8 or int4; CPU; quantized with zero points as lort's default, or without
-    where ``symmetric``), and return a Runner over the built model."""
+    where ``symmetric``; in blocks of ``block_size``), and return a Runner over the built
+    model."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     _import_og()
@@ -143,7 +145,7 @@ def prepare(model, workdir: str, precision: str, symmetric: bool = False) -> Run
     cmd = [sys.executable, "-c", _CHILD, "-i", hf_dir, "-o", out_dir, "-p", precision, "-e", "cpu",
            "-c", os.path.join(workdir, "cache"), "--extra_options", "hf_token=false"]
     if precision != "fp32":
-        cmd += QUANT_OPTIONS + (f"is_symmetric={'true' if symmetric else 'false'}",)
+        cmd += QUANT_OPTIONS + (f"block_size={block_size}", f"is_symmetric={'true' if symmetric else 'false'}")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     logger.info("building %s %s: %s", arch, precision, " ".join(cmd[3:]))
     t0 = time.perf_counter()
