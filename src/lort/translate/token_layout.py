@@ -77,8 +77,10 @@ def _reshape_to(value: ir.Value, shape: tuple[int, ...], graph: ir.Graph, before
     """``value`` reshaped to ``shape`` (``value`` itself where its shape is already that)."""
     if _static(value) == shape:
         return value
-    target = ir.Value(name=f"{value.name}_as_{'x'.join(map(str, shape))}",
-                      const_value=ir.tensor(np.array(shape, dtype=np.int64)))
+    name = base = f"{value.name}_as_{'x'.join(map(str, shape))}"
+    while name in graph.initializers:
+        name = f"{base}_{len(graph.initializers)}"
+    target = ir.Value(name=name, const_value=ir.tensor(np.array(shape, dtype=np.int64)))
     target.shape, target.type = ir.Shape([len(shape)]), ir.TensorType(ir.DataType.INT64)
     graph.register_initializer(target)
     node = ir.node("Reshape", [value, target], {"allowzero": 1}, num_outputs=1)
