@@ -33,6 +33,8 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
+from .external_data import initializer
+
 _PRODUCTS = {("", "MatMul"), ("ai.onnx", "MatMul"), ("com.microsoft", "FusedMatMul"),
              ("com.microsoft", "MatMulNBits")}
 _HEADS_FIRST = (0, 2, 1, 3)
@@ -65,6 +67,11 @@ def _is(node: ir.Node | None, op_type: str) -> bool:
     return node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx")
 
 
+def _swaps_heads(node: ir.Node | None) -> bool:
+    """``node`` is Transpose(0, 2, 1, 3): [b, s, heads, d] <-> [b, heads, s, d]."""
+    return _is(node, "Transpose") and tuple(node.attributes.get_ints("perm", ())) == _HEADS_FIRST
+
+
 def _sole_reader(value: ir.Value) -> ir.Node | None:
     """The one node reading ``value`` (once), or None."""
     uses = list(value.uses())
@@ -77,12 +84,7 @@ def _reshape_to(value: ir.Value, shape: tuple[int, ...], graph: ir.Graph, before
     """``value`` reshaped to ``shape`` (``value`` itself where its shape is already that)."""
     if _static(value) == shape:
         return value
-    name = base = f"{value.name}_as_{'x'.join(map(str, shape))}"
-    while name in graph.initializers:
-        name = f"{base}_{len(graph.initializers)}"
-    target = ir.Value(name=name, const_value=ir.tensor(np.array(shape, dtype=np.int64)))
-    target.shape, target.type = ir.Shape([len(shape)]), ir.TensorType(ir.DataType.INT64)
-    graph.register_initializer(target)
+    target = initializer(graph, f"{value.name}_as_{'x'.join(map(str, shape))}", np.array(shape, dtype=np.int64))
     node = ir.node("Reshape", [value, target], {"allowzero": 1}, num_outputs=1)
     graph.insert_before(before, node)
     out = node.outputs[0]
@@ -161,7 +163,7 @@ def _heads_first(value: ir.Value) -> tuple[ir.Value, ir.Node | None, int] | None
         if len(node.inputs) != 3 or _sole_reader(node.inputs[0]) is not node:
             return None
         rotary, node = node, node.inputs[0].producer()
-    if not _is(node, "Transpose") or tuple(node.attributes.get_ints("perm", ())) != _HEADS_FIRST:
+    if not _swaps_heads(node):
         return None
     reshape = node.inputs[0].producer()
     if not _is(reshape, "Reshape") or _sole_reader(node.inputs[0]) is not node:
@@ -216,7 +218,7 @@ def _token_output(value: ir.Value) -> ir.Value | None:
     node = _sole_reader(value)
     while _is(node, "Reshape") and _static(node.outputs[0]) == _static(value):
         value, node = node.outputs[0], _sole_reader(node.outputs[0])
-    if not _is(node, "Transpose") or tuple(node.attributes.get_ints("perm", ())) != _HEADS_FIRST:
+    if not _swaps_heads(node):
         return None
     reshape = _sole_reader(node.outputs[0])
     if not _is(reshape, "Reshape") or _static(reshape.outputs[0]) is None:
