@@ -5,6 +5,7 @@ See ARCHITECTURE.md for the stages and the data that flows between them."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import time
@@ -151,49 +152,69 @@ class LortBackend:
         """An inference graph captured by torch.export (capture/export.py; lort.ORTModule's
         direct inference): compiled as the Dynamo path compiles its inference graphs, with
         its weights frozen as Options.freeze says, and with executor="auto" timed against
-        ``eager`` (the module itself, over the same arguments) on the first call."""
+        ``eager`` (the module itself, over the same arguments) on the first call, and
+        against inductor once its background compile is ready (compile/engines.py)."""
         gm, inputs = exported.gm, exported.example_inputs
         weights = exported.weights
         timed = self._times_whole_graph(inputs, ())
+        no_inductor = engines.wants_inductor(self.options, inputs) if timed else None
+        inductor = timed and no_inductor is None
+        cache = disk_cache.for_options(self.options) if timed else None
+        key = disk_cache.inputs_key(gm, inputs, self.options, "graph executor") if cache else None
+        choice = cache.load_record(key) if cache else None
+        if choice and choice.get("executor") == "inductor":
+            if inductor:  # eager PyTorch until inductor is ready, then inductor without timing
+                record = self._record_eager_graph(gm, choice.get("times", {}), cached=True, inductor=True)
+                return self._with_inductor(gm, inputs, eager, [record], cache, key, choice, eager=eager)
+            choice = None  # inductor cannot run here now: chosen again among the others
         if timed:
             below = call_floor.eager_below_floor(self.tuner, self.options, eager, inputs)
             if below is not None:
                 self._record_eager_graph(gm, below, cached=False)
                 self._save_files_of_eager_graph(gm, inputs, exported=True)
                 return eager
+        # lort's compile rewrites the graph in place; inductor traces the graph as exported.
+        original = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph)) if inductor else None
         _, record = self.compile_graph(gm, inputs, "inference", None, weights)
         compiled = record.partitioned if record.partitioned is not None else gm
         if not timed:
             return compiled
-        cache = disk_cache.for_options(self.options)
-        key = disk_cache.inputs_key(gm, inputs, self.options, "graph executor")
-        choice = cache.load_record(key) if cache else None
         if choice and choice.get("executor") in ("pytorch", "ort"):
             if choice["executor"] == "ort":
                 record.executor_times = dict(choice.get("times", {}))
-                return compiled
-            record.ran_whole_in_pytorch(choice.get("times", {}), cached=True)
-            return eager
-        settled = self.tuner.settled_by_groups([record])
-        if settled is not None:
-            self._settled_by_groups([record], settled, cache, key)
-            return compiled
-        return ChooseOnFirstCall(eager, compiled, [record], self.tuner, cache, key, self.options.progress)
+                current = compiled
+            else:
+                record.ran_whole_in_pytorch(choice.get("times", {}), cached=True)
+                current = eager
+        else:
+            settled = self.tuner.settled_by_groups([record])
+            if settled is not None:
+                self._settled_by_groups([record], settled, cache, key)
+                current = compiled
+            else:
+                current = ChooseOnFirstCall(eager, compiled, [record], self.tuner, cache, key, self.options.progress)
+        if inductor:
+            return self._with_inductor(original, inputs, current, [record], cache, key, choice, eager=eager)
+        if "inductor" in self.options.engines:  # asked for, but no candidate: explain says why
+            record.engine_notes.append(f"no inductor candidate: {no_inductor}")
+        return current
 
     def _with_inductor(self, gm: torch.fx.GraphModule, example_inputs: list, current: Callable, records: list,
-                       cache, key, choice: dict | None) -> Callable:
+                       cache, key, choice: dict | None, eager: Callable | None = None) -> Callable:
         """``current`` (lort's graph, its first-call choice, or eager PyTorch), with
         inductor compiled in the background and taken where faster (compile/engines.py);
-        ``current`` itself where the disk cache says inductor was timed slower."""
+        ``current`` itself where the disk cache says inductor was timed slower.
+        ``eager``: the graph in eager PyTorch (``gm.forward`` unless given)."""
         times = dict(choice.get("times", {})) if choice else {}
         decided = choice.get("executor") if choice else None
         if decided in ("ort", "pytorch") and "inductor" in times:
             return current
         name = "+".join(r.name for r in records) or "graph"
-        switch = engines.EngineSwitch(gm, example_inputs, current, gm.forward, records, self.tuner, cache, key,
-                                      name, decided="inductor" if decided == "inductor" else None, times=times)
-        for owner in weights_mod.owners(gm):
-            weakref.finalize(owner, switch.drop)
+        switch = engines.EngineSwitch(gm, example_inputs, current, eager or gm.forward, records, self.tuner, cache,
+                                      key, name, decided="inductor" if decided == "inductor" else None, times=times)
+        if eager is None:  # a Dynamo graph (an exported one lives as long as its ORTModule)
+            for owner in weights_mod.owners(gm):
+                weakref.finalize(owner, switch.drop)
         self.switches = [ref for ref in self.switches if ref() is not None] + [weakref.ref(switch)]
         return switch
 

@@ -100,6 +100,12 @@ class EngineSwitch:
         self.compile_s: float | None = None
         self.engine: str | None = None
 
+    @property
+    def chosen(self) -> Callable | None:
+        """The callable every call goes to once the engine is chosen (lort's graph or its
+        first-call choice, eager PyTorch, or inductor's code), else None."""
+        return self._fn
+
     def _launch(self) -> bool:
         """Start inductor's compile; False (and the running placement kept) where it
         cannot."""

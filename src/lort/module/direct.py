@@ -34,6 +34,7 @@ import torch
 from ..backend import LortBackend
 from ..capture.export import ExportedGraph, ExportRefused, decomposition_table, export_inference
 from ..compile import disk_cache
+from ..compile.engines import EngineSwitch
 from ..compile.graph_executor import ChooseOnFirstCall
 from ..fusion import support
 from ..runtime.frozen import picker
@@ -178,8 +179,13 @@ class DirectRunner:
         return call
 
     def _settle(self, fn: Callable) -> None:
-        """After the first call (executor="auto" has chosen): a graph that is one ORT
-        group is called without the FX graph around it."""
+        """After each call until executor="auto" has chosen (the first call; with inductor
+        among the engines, the call that finds its compile ready and times it): a graph
+        that is one ORT group is then called without the FX graph around it."""
+        if isinstance(fn, EngineSwitch):
+            if fn.chosen is None:
+                return
+            fn = fn.chosen
         if isinstance(fn, ChooseOnFirstCall):
             if fn.chosen is None:
                 return
