@@ -32,6 +32,9 @@ SUITES = [
           ["results/speed.md"]),
     Suite("training", "engines.py", "training steps at real sizes (BERT-base, GPT-2 small, ResNet-50, ViT-S/16) "
           "with inductor as lort's third engine, beside eager and inductor", ["results/training.md"]),
+    Suite("batched", "batched.py", "batched inference at real sizes (BERT-base, GPT-2 small, ViT-S/16, "
+          "ResNet-50): eager, inductor, lort through both front ends and the whole model in ORT, after lort's "
+          "engines are chosen", ["results/batched_inference.md"]),
     Suite("scale", "scale.py", "BERT-base, GPT-2 small and a 3.7 GB decoder: first call, peak and resident RSS "
           "(--speed: training steps interleaved with eager)", ["results/scale.md"]),
     Suite("first-call", "first_call.py", "first call in a fresh process, cold and with the disk cache warm, "
