@@ -82,5 +82,9 @@ def module_where(step) -> str:
     runners = [r for e in entries for r in e.runners.values()]
     if not runners:
         return "Dynamo"
-    # executor="auto" timed the exported graph against eager PyTorch on its first call.
-    return "direct (eager)" if all(r.runs_eager for r in runners) else "direct"
+    # executor="auto" timed the exported graph against eager PyTorch on its first call,
+    # and against inductor once compiled.
+    if all(r.runs_eager for r in runners):
+        return "direct (eager)"
+    records = [r for e in entries if e.backend is not None for r in e.backend.records]
+    return "direct (inductor)" if records and all(r.executor == "inductor" for r in records) else "direct"

@@ -31,6 +31,7 @@ import datetime
 import gc
 import os
 import sys
+import time
 
 import torch
 
@@ -143,6 +144,7 @@ def run(models, scenarios, min_time):
                 whole = add_whole(name, scenario, steps)
                 if SCENARIOS[scenario][0] == "inference":
                     add_module_step(steps, firsts, *model_and_args(name, scenario)[1:], per_call=timing.PER_CALL_NO_GRAD)
+                settle_engines(steps)
                 times = timed_interleaved(steps, min_time * len(steps))
             where = where_lort_ran(steps["lort"])
             if MODULE in steps:
@@ -178,6 +180,7 @@ def run_cuda(models, scenarios, min_time, on_row, profile=False):
                     add_module_step(steps, firsts, *model_and_args(name, scenario, "cuda")[1:], sync,
                                     per_call=timing.PER_CALL_NO_GRAD)
                 try:
+                    settle_engines(steps)
                     times = timed_interleaved(steps, min_time * len(steps), sync=sync) if steps else {}
                 except Exception as e:  # noqa: BLE001 - reported in the table
                     times, errors["timing"] = {}, f"{type(e).__name__}: {str(e).strip()[:200]}"
@@ -202,15 +205,40 @@ def run_cuda(models, scenarios, min_time, on_row, profile=False):
 
 def where_lort_ran(step) -> str:
     """Where lort ran the model: ORT (with how many of its groups executor='auto' moved
-    to PyTorch), or eager PyTorch for graphs it timed faster there."""
-    records = step.backend.records
-    eager = sum(r.executor == "pytorch" for r in records)
-    if records and eager == len(records):
-        return "eager"
-    groups = [g for r in records if r.executor != "pytorch" for g in r.groups]
+    to PyTorch), or eager PyTorch or inductor for graphs it timed faster there."""
+    return where_records_ran(step.backend.records)
+
+
+def where_records_ran(records) -> str:
+    outside = {e: sum(r.executor == e for r in records) for e in ("pytorch", "inductor")}
+    names = {"pytorch": "eager", "inductor": "inductor"}
+    for engine, n in outside.items():
+        if records and n == len(records):
+            return names[engine]
+    groups = [g for r in records if r.executor not in outside for g in r.groups]
     moved = sum(g.executor == "pytorch" for g in groups)
     where = "ORT" if not moved else f"ORT, {moved}/{len(groups)} groups PyTorch"
-    return where if not eager else f"{where}; {eager}/{len(records)} graphs eager"
+    return "; ".join([where] + [f"{n}/{len(records)} graphs {names[e]}" for e, n in outside.items() if n])
+
+
+def settle_engines(steps: dict, timeout: float = 900.0) -> None:
+    """Call the lort and ORTModule steps until executor="auto" has chosen every graph's
+    engine (compile/engines.py: inductor compiles in a subprocess from a graph's second
+    call, then is timed against the placement running), so that the timing after it
+    measures the engine chosen, not the machine under inductor's compile."""
+    for step in steps.values():
+        start = time.perf_counter()
+        while any(s.engine is None for s in _switches(step)) and time.perf_counter() - start < timeout:
+            step()
+            time.sleep(0.05)
+
+
+def _switches(step) -> list:
+    backends = [step.backend] if getattr(step, "backend", None) is not None else []
+    om = getattr(step, "module", None)
+    if om is not None:
+        backends += [e.backend for e in om.transition_manager.entries.values() if e.backend is not None]
+    return [s for b in backends for s in (r() for r in b.switches) if s is not None]
 
 
 def complete(row) -> bool:

@@ -1,15 +1,18 @@
-"""lort.ORTModule's direct inference (module/direct.py) with inductor among executor="auto"'s
-engines (compile/engines.py), as the torch.compile front end has it: the exported graph
-starts on lort's graph or eager PyTorch, inductor compiles it in its subprocess after the
-first call, and the faster is kept. Every call is checked against eager PyTorch on the
-same inputs, a weight change after the swap included."""
+"""lort.ORTModule with inductor among executor="auto"'s engines (compile/engines.py), as the
+torch.compile front end has it: a graph starts on lort's graph or eager PyTorch, inductor
+compiles it in its subprocess after the first call, and the faster is kept. Direct
+inference (module/direct.py, exported no-grad graphs) and training (Dynamo's graphs):
+every call is checked against eager PyTorch on the same inputs, a weight change after the
+swap included; training's losses and weights against eager and a float64 reference."""
 
 from __future__ import annotations
 
+import copy
 import time
 
 import pytest
 import torch
+from test_ortmodule import assert_close_to_reference
 
 import lort
 from lort.compile import engines
@@ -142,3 +145,52 @@ def test_inductor_left_out_keeps_the_direct_choice_as_it_was(net, monkeypatch):
     _check(om, model, x)
     entry = [e for e in om.transition_manager.entries.values() if not e.key.grad_enabled][-1]
     assert not isinstance(entry.runner._fn, engines.EngineSwitch) and entry.runner.settled
+
+
+def test_training_through_ortmodule_swaps_to_inductor_and_matches_eager(net, monkeypatch):
+    """Eight AdamW steps through ORTModule (its Dynamo path): lort's graph first, then
+    inductor once ready and timed faster; each loss and the final weights against eager
+    and float64."""
+    model, x = net
+    model.train()
+    y = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+    _timings(monkeypatch, {"ort": 1e-3, "pytorch": 2e-3, "inductor": 0.5e-3})
+    eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
+    om = lort.ORTModule(model, options=AUTO)
+
+    def train(m, xs, ys, wait=None):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        losses = []
+        for i in range(8):
+            if wait is not None and i == 3:
+                wait()
+            loss = torch.nn.functional.mse_loss(m(xs), ys)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return losses
+
+    def switch():
+        found = [s for e in om.transition_manager.entries.values() if e.backend is not None
+                 for s in (r() for r in e.backend.switches) if s is not None]
+        assert len(found) == 1, found
+        return found[0]
+
+    def wait():  # the first steps ran on lort's graph; inductor's compile started at the second
+        assert switch().engine is None
+        start = time.perf_counter()
+        while not switch()._job.ready():
+            assert time.perf_counter() - start < 600, "inductor's compile did not finish"
+            time.sleep(0.05)
+
+    ours = train(om, x, y, wait)
+    theirs = train(eager, x, y)
+    exact = train(ref, x.double(), y.double())
+    assert switch().engine == "inductor"
+    for i, (a, b, r) in enumerate(zip(ours, theirs, exact)):
+        assert_close_to_reference(a, b, r, f"loss at step {i}")
+    for (name, p), pe, pr in zip(model.named_parameters(), eager.parameters(), ref.parameters()):
+        assert_close_to_reference(p.detach(), pe.detach(), pr.detach(), f"weight {name} after 8 steps")
+    kinds = {r.kind: r.executor for r in om.transition_manager.records}
+    assert kinds == {"forward": Placement.INDUCTOR, "backward": Placement.INDUCTOR}, kinds
