@@ -327,3 +327,34 @@ def test_inductor_compiles_a_convolutional_model_in_its_subprocess():
     grads_want = torch.autograd.grad(want[0].square().sum(), leaves)
     for g, w in zip(grads_got, grads_want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_a_long_inference_call_starts_inductor_after_its_choice_over_calls(data, monkeypatch):
+    """Where lort's graph and eager PyTorch are timed over the user's calls (a long
+    inference call: compile/graph_executor.py), inductor's compile starts only once they
+    are chosen between: its subprocess would load the cores they are timed on. Every
+    call against eager."""
+    from lort.compile.graph_executor import ChooseOnFirstCall
+
+    x, _ = data
+    started = []
+    real = inductor_compat.start
+
+    def start(gm, example_inputs):
+        switch = _switch(backend)
+        assert isinstance(switch._current, ChooseOnFirstCall) and switch._current.chosen is not None
+        started.append(switch._calls)
+        return real(gm, example_inputs)
+
+    monkeypatch.setattr(inductor_compat, "start", start)
+    model = Net().eval()
+    backend = LortBackend(AUTO, tuner=Timed(graph_budget_s=0.0, tiny_graph_s=0.0))
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert started == [] and _switch(backend)._current.chosen is None  # still timing over calls
+    switch = _until_settled(compiled, backend, x)
+    assert switch.engine == "inductor" and started and started[0] >= 5, started
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)

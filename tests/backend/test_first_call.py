@@ -111,3 +111,87 @@ def test_translation_runs_on_its_own_thread_outside_fake_mode_and_raises_as_call
 
     with pytest.raises(ValueError, match="from the translation thread"):
         onnx_export.off_compile_thread(fails)
+
+
+def _chooser(ort_s: float, eager_s: float, tuner: Tuner, monkeypatch):
+    """A ChooseOnFirstCall over two sleeping callables that say which ran; the tuner's
+    timing on extra calls fails the test."""
+    from lort.compile.graph_executor import ChooseOnFirstCall
+
+    def sleeper(name, seconds):
+        def fn(*args):
+            time.sleep(seconds)
+            return name
+        return fn
+
+    def no_extra_calls(self, candidates, example_inputs):
+        raise AssertionError("a long inference call is timed on the user's own calls")
+
+    monkeypatch.setattr(Tuner, "time_graph", no_extra_calls)
+    return ChooseOnFirstCall(sleeper("pytorch", eager_s), sleeper("ort", ort_s), [], tuner, None, None, False)
+
+
+def test_a_long_inference_call_is_timed_on_the_next_calls_not_on_extra_ones(monkeypatch):
+    """The first call returns lort's run; the next ones alternate eager PyTorch and lort's
+    graph, two samples each, then the faster runs every call."""
+    chooser = _chooser(0.03, 0.012, Tuner(graph_budget_s=0.01), monkeypatch)
+    x = torch.zeros(2)
+    ran = [chooser(x) for _ in range(7)]
+    assert ran == ["ort", "pytorch", "ort", "pytorch", "ort", "pytorch", "pytorch"], ran
+    assert chooser.chosen is not None and chooser.chosen(x) == "pytorch"
+
+
+def test_a_close_call_over_calls_takes_twice_the_samples(monkeypatch):
+    chooser = _chooser(0.02, 0.02, Tuner(graph_budget_s=0.01), monkeypatch)
+    x = torch.zeros(2)
+    ran = [chooser(x) for _ in range(9)]
+    assert ran == ["ort"] + ["pytorch", "ort"] * 4, ran
+    assert chooser.chosen is not None
+
+
+def test_a_short_call_and_a_training_call_are_timed_on_the_first_call(monkeypatch):
+    from lort.compile.graph_executor import ChooseOnFirstCall
+
+    timed = []
+
+    def fixed(self, candidates, example_inputs):
+        timed.append(sorted(candidates))
+        return {"ort": 1e-3, "pytorch": 2e-3}
+
+    monkeypatch.setattr(Tuner, "time_graph", fixed)
+    runs = []
+    chooser = ChooseOnFirstCall(lambda *a: runs.append("pytorch"), lambda *a: runs.append("ort"), [],
+                                Tuner(graph_budget_s=1.0), None, None, False)
+    chooser(torch.zeros(2))
+    assert timed == [["ort", "pytorch"]] and runs == ["ort"]  # the call's own run is lort's
+    weight = torch.zeros(2, requires_grad=True)
+    timed.clear()
+    runs.clear()
+    trains = ChooseOnFirstCall(lambda *a: runs.append("pytorch"), lambda *a: runs.append("ort"), [],
+                               Tuner(graph_budget_s=0.0), None, None, False)
+    trains(weight)  # a training call (its backward follows): timed on the first call, then run
+    assert timed == [["ort", "pytorch"]] and runs == ["ort"]
+
+
+def test_a_long_inference_graph_through_torch_compile_matches_eager_on_every_call(monkeypatch):
+    """A real graph, every call long (graph_budget_s=0): each call's output is eager's,
+    whichever engine ran it, and the choice lands in the graph's record."""
+    import lort
+
+    def no_extra_calls(self, candidates, example_inputs):
+        raise AssertionError("a long inference call is timed on the user's own calls")
+
+    monkeypatch.setattr(Tuner, "time_graph", no_extra_calls)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64),
+                                torch.nn.Linear(64, 8)).eval()
+    x = torch.randn(16, 32)
+    backend = lort.LortBackend({"executor": "auto", "engines": ("ort", "pytorch"), "disk_cache": False},
+                               tuner=Tuner(graph_budget_s=0.0, tiny_graph_s=0.0))
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for _ in range(10):
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    record, = backend.records
+    assert set(record.executor_times) >= {"ort", "pytorch"}, record.executor_times

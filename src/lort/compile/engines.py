@@ -37,6 +37,7 @@ from ..diagnostics.records import CLOSE_CALL, GraphRecord
 from ..errors import one_line
 from ..reasons import Placement
 from . import inductor_compat
+from .graph_executor import ChooseOnFirstCall
 from .tuner import Tuner
 
 logger = logging.getLogger("lort")
@@ -72,6 +73,12 @@ def wants_inductor(options, example_inputs: list) -> str | None:
     if any(isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)) for a in example_inputs):
         return "the graph has symbolic sizes (inductor's engine takes static shapes for now)"
     return None
+
+
+def _decided(current: Callable) -> bool:
+    """Whether the placement running before inductor is chosen (a ChooseOnFirstCall may
+    still be timing lort's graph against eager PyTorch over calls)."""
+    return not isinstance(current, ChooseOnFirstCall) or current.chosen is not None
 
 
 class EngineSwitch:
@@ -129,7 +136,10 @@ class EngineSwitch:
             return fn(*args)
         job = self._job
         if job is None:
-            if self._calls == 1 and not self._launch():  # the second call starts inductor
+            # The second call starts inductor; where lort's graph and eager PyTorch are still
+            # being timed over calls (graph_executor.py), the first call after that choice:
+            # inductor's compile subprocess would load the cores they are timed on.
+            if self._calls >= 1 and _decided(self._current) and not self._launch():
                 self._keep(*self._running())
             self._calls += 1
             return self._current(*args)

@@ -1,7 +1,17 @@
 """executor="auto" for a whole graph: lort's compiled graph against eager PyTorch,
 timed by the tuner on the first call (Dynamo's compile context is no place to run the
 graph and compile its backward), then fixed. Every call then goes to the faster, and
-the graph's records say which."""
+the graph's records say which.
+
+An inference graph whose call is long (lort's first run past the tuner's
+``graph_budget_s``: a batch of BERT-base, seconds a call) is not timed on extra calls:
+its first call returns lort's run, and the next calls alternate between lort's graph
+and eager PyTorch, each timed, until each has ``LONG_SAMPLES`` samples (twice as many
+where the two are a close call); the faster is then fixed. The user's own calls are
+the samples, so the first call pays for no candidate but lort's graph; the calls
+meanwhile return either engine's result (each within the engines' own rounding of
+eager's). Graphs that train (their backward runs after the call) and CUDA graphs are
+timed on the first call as before."""
 
 from __future__ import annotations
 
@@ -9,10 +19,15 @@ import logging
 import time
 from typing import Callable
 
-from ..diagnostics.records import GraphRecord
+import torch
+
+from ..diagnostics.records import GraphRecord, close_call
 from ..reasons import Placement
 from ..runtime.memory import give_back_memory
-from .tuner import Tuner
+from .tuner import Tuner, trains
+
+#: Samples of each engine a long inference call is chosen by (doubled for a close call).
+LONG_SAMPLES = 2
 
 logger = logging.getLogger("lort")
 
@@ -27,17 +42,57 @@ class ChooseOnFirstCall:
         self._eager, self._compiled, self._records = eager, compiled, records
         self._tuner, self._cache, self._key, self._progress = tuner, cache, key, progress
         self._fn: Callable | None = None
+        #: Per engine, the seconds of the calls sampled so far (a long inference call), or None.
+        self._samples: dict[str, list[float]] | None = None
 
     @property
     def chosen(self) -> Callable | None:
-        """The callable every call goes to, once the first call chose it."""
+        """The callable every call goes to, once chosen (on the first call, or after the
+        sampled calls of a long inference graph)."""
         return self._fn
 
     def __call__(self, *args):
         fn = self._fn
-        if fn is None:
+        if fn is not None:
+            return fn(*args)
+        if self._samples is not None:
+            return self._sample(args)
+        if self._samples_calls(args):
+            start = time.perf_counter()
+            out = self._compiled(*args)
+            if time.perf_counter() - start > self._tuner.graph_budget_s:
+                self._samples = {Placement.PYTORCH.value: [], Placement.ORT.value: []}
+                logger.info("lort: %s: a call takes %.2f s: lort's graph and eager PyTorch are timed on the next "
+                            "calls", self._name(), time.perf_counter() - start)
+                return out
             fn = self._fn = self._choose(list(args))
+            return out  # lort's run: this call's result, whichever engine is chosen
+        fn = self._fn = self._choose(list(args))
         return fn(*args)
+
+    @staticmethod
+    def _samples_calls(args: tuple) -> bool:
+        """Whether a call may serve as a timing sample: an inference call (no backward
+        to follow it) on CPU tensors."""
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        return not trains(list(args)) and all(a.device.type == "cpu" for a in tensors)
+
+    def _sample(self, args: tuple):
+        """One call of a long inference graph, on the engine with fewer samples, timed."""
+        samples = self._samples
+        name = min(samples, key=lambda k: len(samples[k]))  # eager PyTorch first
+        fn = self._compiled if name == Placement.ORT.value else self._eager
+        start = time.perf_counter()
+        out = fn(*args)
+        samples[name].append(time.perf_counter() - start)
+        n = min(len(v) for v in samples.values())
+        if n >= LONG_SAMPLES:
+            times = {k: min(v) for k, v in samples.items()}
+            if n >= 2 * LONG_SAMPLES or not close_call(times):
+                seconds = sum(sum(v) for v in samples.values())
+                self._samples = None
+                self._fn = self._decide(times, seconds, over_calls=2 * n)
+        return out
 
     def _choose(self, args: list) -> Callable:
         compiled, eager = self._compiled, self._eager
@@ -53,14 +108,22 @@ class ChooseOnFirstCall:
         # The timing runs' activations and gradients, freed, back to the system before the
         # call itself allocates its own (glibc kept 0.5 GB of BERT-base's, adding to the peak).
         give_back_memory()
+        return self._decide(times, seconds)
+
+    def _name(self) -> str:
+        return "+".join(r.name for r in self._records) or "graph"
+
+    def _decide(self, times: dict | None, seconds: float, over_calls: int = 0) -> Callable:
+        compiled, eager = self._compiled, self._eager
         executor = self._tuner.choose_graph_executor(times)
         if self._cache is not None and times:
             self._cache.store_record(self._key, {"executor": executor.value, "times": times})
-        if times and (executor == Placement.PYTORCH or self._progress):
+        if times and (executor == Placement.PYTORCH or self._progress or over_calls):
             logger.info(
-                "lort: %s: whole graph timed in %.2f s: %.3f ms through lort, %.3f ms in eager PyTorch; runs %s",
-                "+".join(r.name for r in self._records) or "graph", seconds, times["ort"] * 1e3,
-                times["pytorch"] * 1e3, "through lort" if executor == Placement.ORT else "in eager PyTorch",
+                "lort: %s: whole graph timed in %.2f s%s: %.3f ms through lort, %.3f ms in eager PyTorch; runs %s",
+                self._name(), seconds, f" (over {over_calls} of its calls)" if over_calls else "",
+                times["ort"] * 1e3, times["pytorch"] * 1e3,
+                "through lort" if executor == Placement.ORT else "in eager PyTorch",
             )
         if executor == Placement.ORT:
             for record in self._records:
