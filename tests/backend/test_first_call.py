@@ -195,3 +195,27 @@ def test_a_long_inference_graph_through_torch_compile_matches_eager_on_every_cal
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     record, = backend.records
     assert set(record.executor_times) >= {"ort", "pytorch"}, record.executor_times
+
+
+def test_a_long_call_of_another_size_ends_the_sampling_with_a_timing_on_it(monkeypatch):
+    """A graph with symbolic sizes: a call of another size than the sampled ones is timed
+    on its own inputs (the old way), so that no choice compares two sizes."""
+    from lort.compile.graph_executor import ChooseOnFirstCall
+
+    timed = []
+
+    def fixed(self, candidates, example_inputs):
+        timed.append(tuple(example_inputs[0].shape))
+        return {"ort": 1e-3, "pytorch": 2e-3}
+
+    monkeypatch.setattr(Tuner, "time_graph", fixed)
+
+    def slow(name):
+        def fn(*args):
+            time.sleep(0.02)
+            return name
+        return fn
+
+    chooser = ChooseOnFirstCall(slow("pytorch"), slow("ort"), [], Tuner(graph_budget_s=0.01), None, None, False)
+    assert [chooser(torch.zeros(4)), chooser(torch.zeros(4))] == ["ort", "pytorch"]
+    assert chooser(torch.zeros(6)) == "ort" and timed == [(6,)] and chooser.chosen is not None

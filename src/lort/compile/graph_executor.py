@@ -42,8 +42,10 @@ class ChooseOnFirstCall:
         self._eager, self._compiled, self._records = eager, compiled, records
         self._tuner, self._cache, self._key, self._progress = tuner, cache, key, progress
         self._fn: Callable | None = None
-        #: Per engine, the seconds of the calls sampled so far (a long inference call), or None.
+        #: Per engine, the seconds of the calls sampled so far (a long inference call), or
+        #: None; the sampled calls' argument sizes.
         self._samples: dict[str, list[float]] | None = None
+        self._shapes: list | None = None
 
     @property
     def chosen(self) -> Callable | None:
@@ -62,6 +64,7 @@ class ChooseOnFirstCall:
             out = self._compiled(*args)
             if time.perf_counter() - start > self._tuner.graph_budget_s:
                 self._samples = {Placement.PYTORCH.value: [], Placement.ORT.value: []}
+                self._shapes = _shapes(args)
                 logger.info("lort: %s: a call takes %.2f s: lort's graph and eager PyTorch are timed on the next "
                             "calls", self._name(), time.perf_counter() - start)
                 return out
@@ -80,6 +83,10 @@ class ChooseOnFirstCall:
     def _sample(self, args: tuple):
         """One call of a long inference graph, on the engine with fewer samples, timed."""
         samples = self._samples
+        if _shapes(args) != self._shapes:  # a graph with symbolic sizes: samples of one size only
+            self._samples = None
+            fn = self._fn = self._choose(list(args))
+            return fn(*args)
         name = min(samples, key=lambda k: len(samples[k]))  # eager PyTorch first
         fn = self._compiled if name == Placement.ORT.value else self._eager
         start = time.perf_counter()
@@ -133,3 +140,8 @@ class ChooseOnFirstCall:
             record.ran_whole_in_pytorch(times)
         self._compiled = None  # its ORT sessions go
         return eager
+
+
+def _shapes(args) -> list:
+    """A call's argument sizes (a graph with symbolic sizes takes them as ints too)."""
+    return [tuple(a.shape) if isinstance(a, torch.Tensor) else a if isinstance(a, int) else None for a in args]
