@@ -132,20 +132,21 @@ def _chooser(ort_s: float, eager_s: float, tuner: Tuner, monkeypatch):
 
 
 def test_a_long_inference_call_is_timed_on_the_next_calls_not_on_extra_ones(monkeypatch):
-    """The first call returns lort's run; the next ones alternate eager PyTorch and lort's
-    graph, two samples each, then the faster runs every call."""
+    """The first call returns lort's run, the second eager's (their warm-ups); the next
+    ones alternate eager PyTorch and lort's graph, two samples each, then the faster runs
+    every call."""
     chooser = _chooser(0.03, 0.012, Tuner(graph_budget_s=0.01), monkeypatch)
     x = torch.zeros(2)
-    ran = [chooser(x) for _ in range(7)]
-    assert ran == ["ort", "pytorch", "ort", "pytorch", "ort", "pytorch", "pytorch"], ran
+    ran = [chooser(x) for _ in range(8)]
+    assert ran == ["ort", "pytorch", "pytorch", "ort", "pytorch", "ort", "pytorch", "pytorch"], ran
     assert chooser.chosen is not None and chooser.chosen(x) == "pytorch"
 
 
 def test_a_close_call_over_calls_takes_twice_the_samples(monkeypatch):
     chooser = _chooser(0.02, 0.02, Tuner(graph_budget_s=0.01), monkeypatch)
     x = torch.zeros(2)
-    ran = [chooser(x) for _ in range(9)]
-    assert ran == ["ort"] + ["pytorch", "ort"] * 4, ran
+    ran = [chooser(x) for _ in range(10)]
+    assert ran == ["ort", "pytorch"] + ["pytorch", "ort"] * 4, ran
     assert chooser.chosen is not None
 
 
@@ -217,5 +218,5 @@ def test_a_long_call_of_another_size_ends_the_sampling_with_a_timing_on_it(monke
         return fn
 
     chooser = ChooseOnFirstCall(slow("pytorch"), slow("ort"), [], Tuner(graph_budget_s=0.01), None, None, False)
-    assert [chooser(torch.zeros(4)), chooser(torch.zeros(4))] == ["ort", "pytorch"]
+    assert [chooser(torch.zeros(4)), chooser(torch.zeros(4)), chooser(torch.zeros(4))] == ["ort", "pytorch", "pytorch"]
     assert chooser(torch.zeros(6)) == "ort" and timed == [(6,)] and chooser.chosen is not None

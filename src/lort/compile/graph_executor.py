@@ -5,8 +5,9 @@ the graph's records say which.
 
 An inference graph whose call is long (lort's first run past the tuner's
 ``graph_budget_s``: a batch of BERT-base, seconds a call) is not timed on extra calls:
-its first call returns lort's run, and the next calls alternate between lort's graph
-and eager PyTorch, each timed, until each has ``LONG_SAMPLES`` samples (twice as many
+its first call returns lort's run (its warm-up), the next one eager PyTorch's (its
+warm-up), and the calls after that alternate between them, each timed, until each has
+``LONG_SAMPLES`` samples (twice as many
 where the two are a close call); the faster is then fixed. The user's own calls are
 the samples, so the first call pays for no candidate but lort's graph; the calls
 meanwhile return either engine's result (each within the engines' own rounding of
@@ -46,6 +47,7 @@ class ChooseOnFirstCall:
         #: None; the sampled calls' argument sizes.
         self._samples: dict[str, list[float]] | None = None
         self._shapes: list | None = None
+        self._eager_warm = False
 
     @property
     def chosen(self) -> Callable | None:
@@ -91,7 +93,11 @@ class ChooseOnFirstCall:
         fn = self._compiled if name == Placement.ORT.value else self._eager
         start = time.perf_counter()
         out = fn(*args)
-        samples[name].append(time.perf_counter() - start)
+        if self._eager_warm:
+            samples[name].append(time.perf_counter() - start)
+        else:  # eager's first call is its warm-up, as lort's first run was
+            self._eager_warm = True
+            return out
         n = min(len(v) for v in samples.values())
         if n >= LONG_SAMPLES:
             times = {k: min(v) for k, v in samples.items()}
