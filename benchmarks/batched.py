@@ -32,13 +32,13 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import report  # noqa: E402
+from engines import run_child  # noqa: E402
+from lort.testing.models import ENGINE_SAMPLE  # noqa: E402
 
 CHILD = r"""
 import gc, json, statistics, sys, time
@@ -50,11 +50,7 @@ import lort
 from lort.testing import models
 from whole_ort import whole_ort_step
 case, batch, rounds, engines = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), tuple(sys.argv[4].split(","))
-build = {"bert_base": models.bert_base, "gpt2_small": models.gpt2_small,
-         "resnet50": lambda batch: models.timm_model("resnet50", batch=batch, size=224),
-         "vit_small": lambda batch: models.timm_model("vit_small_patch16_224", batch=batch, size=224)}[case]
-made = build(batch=batch)
-model, args = made[0], made[1]
+model, args, _ = models.ENGINE_CASES[case](batch)  # no labels: the forward's output
 if case == "gpt2_small":  # a forward's logits; no cache object to return (ORTModule's direct path)
     model.config.use_cache = False
 model.eval()
@@ -122,20 +118,6 @@ print(json.dumps(out))
 """
 
 
-def run_case(case: str, batch: int, rounds: int, engines: str, timeout: int) -> dict:
-    with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, LORT_PROGRESS="0")
-        done = subprocess.run([sys.executable, "-c", CHILD, case, str(batch), str(rounds), engines, HERE],
-                              capture_output=True, text=True, timeout=timeout, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{case}: the child failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-#: What one sample of each case is.
-SIZE = {"bert_base": "x 128", "gpt2_small": "x 128", "resnet50": "at 224 px", "vit_small": "at 224 px"}
-
-
 def _x(v) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
@@ -155,7 +137,7 @@ def table(results: dict) -> list[str]:
         s, f, q = r["steady_ms"], r["first"], r["ratios"]
         whole = "-" if s.get("whole") is None else f"{s['whole']:.1f}"
         lines.append(
-            f"| {case}, batch {batch} {SIZE[case]} | {s['eager']:.1f} | {s['inductor']:.1f} | {whole} | {s['lort']:.1f} | "
+            f"| {case}, batch {batch} {ENGINE_SAMPLE[case]} | {s['eager']:.1f} | {s['inductor']:.1f} | {whole} | {s['lort']:.1f} | "
             f"{s['ortmodule']:.1f} | {_x(q['lort/eager'])} / {_x(q['lort/inductor'])} / {_x(q['lort/whole'])} | "
             f"{_x(q['ortmodule/eager'])} / {_x(q['ortmodule/inductor'])} / {_x(q['ortmodule/whole'])} | "
             f"{f['eager']:.1f} / {f['inductor']:.1f} / {f['lort']:.1f} / {f['ortmodule']:.1f} / {f['whole']:.1f} | "
@@ -176,7 +158,7 @@ def main(argv=None) -> None:
     results = {}
     for batch in map(int, a.batch.split(",")):
         for case in a.cases.split(","):
-            results[(case, batch)] = run_case(case, batch, a.rounds, a.engines, a.timeout)
+            results[(case, batch)] = run_child(CHILD, case, batch, a.rounds, a.engines, a.timeout)
             print(case, batch, json.dumps(results[(case, batch)]), flush=True)
     lines = [f"## `{report.command('batched', argv)}`", "",
              f"Taken {datetime.date.today()} on {report.machine()}.", "", *table(results), ""]

@@ -39,6 +39,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import report  # noqa: E402
+from lort.testing.models import ENGINE_SAMPLE  # noqa: E402
 
 CHILD = r"""
 import copy, gc, json, statistics, sys, time
@@ -48,11 +49,7 @@ make_torchvision_importable()
 import lort
 from lort.testing import models
 case, batch, rounds, engines = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), tuple(sys.argv[4].split(","))
-build = {"bert_base": models.bert_base, "gpt2_small": models.gpt2_small,
-         "resnet50": lambda batch: models.timm_model("resnet50", batch=batch, size=224),
-         "vit_small": lambda batch: models.timm_model("vit_small_patch16_224", batch=batch, size=224)}[case]
-made = build(batch=batch)
-model, args, kwargs = made if len(made) == 3 else (*made, {})
+model, args, kwargs = models.ENGINE_CASES[case](batch)
 model.train(True)
 backend = lort.LortBackend({"executor": "auto", "engines": engines, "disk_cache": False})
 fns, steps = {}, {}
@@ -111,18 +108,20 @@ print(json.dumps(out))
 """
 
 
-def run_case(case: str, batch: int, rounds: int, engines: str, timeout: int) -> dict:
+def run_child(code: str, case: str, batch: int, rounds: int, engines: str, timeout: int) -> dict:
+    """``code`` run in a fresh Python for one case (its argv: case, batch, rounds, engines,
+    benchmarks/), inductor's caches in a new empty directory: the JSON of its last line."""
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, LORT_PROGRESS="0")
-        done = subprocess.run([sys.executable, "-c", CHILD, case, str(batch), str(rounds), engines],
+        done = subprocess.run([sys.executable, "-c", code, case, str(batch), str(rounds), engines, HERE],
                               capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{case}: the child failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-#: What one sample of each case is.
-SIZE = {"bert_base": "x 128", "gpt2_small": "x 128", "resnet50": "at 224 px", "vit_small": "at 224 px"}
+def run_case(case: str, batch: int, rounds: int, engines: str, timeout: int) -> dict:
+    return run_child(CHILD, case, batch, rounds, engines, timeout)
 
 
 def table(results: dict, batch: int) -> list[str]:
@@ -137,7 +136,7 @@ def table(results: dict, batch: int) -> list[str]:
         chosen = "; ".join(f"{name}: {engine} ({', '.join(f'{k} {v:.1f} ms' for k, v in t.items())})"
                            for name, engine, t in r["graphs"])
         lines.append(
-            f"| {case} train, batch {batch} {SIZE[case]} | {s['eager']:.1f} | {s['inductor']:.1f} | {s['lort']:.1f} | "
+            f"| {case} train, batch {batch} {ENGINE_SAMPLE[case]} | {s['eager']:.1f} | {s['inductor']:.1f} | {s['lort']:.1f} | "
             f"{r['lort_vs_eager']:.2f}x | {r['lort_vs_inductor']:.2f}x | {r['inductor_vs_eager']:.2f}x | "
             f"{f['eager']:.1f} / {f['inductor']:.1f} / {f['lort']:.1f} | "
             f"{'-' if r['second_s'] is None else format(r['second_s'], '.1f')} | {r['final']:.1f} ({r['meanwhile']}, "

@@ -249,3 +249,14 @@ SCALE_CASES = {
     "gpt2_small": lambda b=1: gpt2_small(batch=b),
     "llama_2gb": lambda b=1: llama_2gb(batch=b),
 }
+
+#: The cases of the engine benchmarks at real sizes (python -m benchmarks training and
+#: batched): each builder takes the batch and returns (model, args, kwargs); ``ENGINE_SAMPLE``
+#: says what one sample of each is.
+ENGINE_CASES = {
+    "bert_base": lambda b: (*bert_base(batch=b), {}),
+    "gpt2_small": lambda b: gpt2_small(batch=b),
+    "resnet50": lambda b: (*timm_model("resnet50", batch=b, size=224), {}),
+    "vit_small": lambda b: (*timm_model("vit_small_patch16_224", batch=b, size=224), {}),
+}
+ENGINE_SAMPLE = {"bert_base": "x 128", "gpt2_small": "x 128", "resnet50": "at 224 px", "vit_small": "at 224 px"}
