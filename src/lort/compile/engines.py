@@ -4,14 +4,15 @@ whichever is measured fastest on the real inputs.
 
 Inductor's compile takes seconds to minutes, so the first call does not wait for it: the
 graph starts on the placement ready at once (lort's graph or eager PyTorch, chosen on the
-first call as before); the second call first has inductor trace the same Dynamo graph
-(AOTAutograd, forward and backward, on this thread: FX tracing patches
-``torch.nn.Module.__call__`` process-wide, so no other thread may run the model
-meanwhile) and send its code generation and C++ compile to inductor's compile subprocess
-(compile/inductor_compat.py); calls go on meanwhile, and the first call after it is
-ready times inductor against the running placement, forward and backward where the graph
-trains, and keeps the faster (``EngineSwitch``). Results do not depend on
-the swap beyond the engines' own rounding. The choice and its times go to the disk cache
+first call as before, or over the next calls for a long inference call:
+graph_executor.py); the second call (the first after that choice) first has inductor
+trace the same graph (a Dynamo graph, or ORTModule's exported one; AOTAutograd, forward
+and backward, on this thread: FX tracing patches ``torch.nn.Module.__call__``
+process-wide, so no other thread may run the model meanwhile) and send its code
+generation and C++ compile to inductor's compile subprocess (compile/inductor_compat.py);
+calls go on meanwhile, and the first call after it is ready times inductor against the
+running placement, forward and backward where the graph trains, and keeps the faster
+(``EngineSwitch``). Results do not depend on the swap beyond the engines' own rounding. The choice and its times go to the disk cache
 with the graph's other choice: a later process starts on eager PyTorch while inductor
 compiles again and swaps without timing.
 

@@ -7,12 +7,13 @@ An inference graph whose call is long (lort's first run past the tuner's
 ``graph_budget_s``: a batch of BERT-base, seconds a call) is not timed on extra calls:
 its first call returns lort's run (its warm-up), the next one eager PyTorch's (its
 warm-up), and the calls after that alternate between them, each timed, until each has
-``LONG_SAMPLES`` samples (twice as many
-where the two are a close call); the faster is then fixed. The user's own calls are
-the samples, so the first call pays for no candidate but lort's graph; the calls
-meanwhile return either engine's result (each within the engines' own rounding of
-eager's). Graphs that train (their backward runs after the call) and CUDA graphs are
-timed on the first call as before."""
+``LONG_SAMPLES`` samples (twice as many where the two are a close call); the faster is
+then fixed. The user's own calls are the samples, so the first call pays for no
+candidate but lort's graph; the calls meanwhile return either engine's result (each
+within the engines' own rounding of eager's). A call of other sizes (a graph with
+symbolic sizes) ends the sampling and is timed on its own inputs. Graphs that train
+(their backward runs after the call) and CUDA graphs are timed on the first call as
+before."""
 
 from __future__ import annotations
 
