@@ -220,3 +220,91 @@ def test_a_long_call_of_another_size_ends_the_sampling_with_a_timing_on_it(monke
     chooser = ChooseOnFirstCall(slow("pytorch"), slow("ort"), [], Tuner(graph_budget_s=0.01), None, None, False)
     assert [chooser(torch.zeros(4)), chooser(torch.zeros(4)), chooser(torch.zeros(4))] == ["ort", "pytorch", "pytorch"]
     assert chooser(torch.zeros(6)) == "ort" and timed == [(6,)] and chooser.chosen is not None
+
+
+def _gelu_mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+
+
+def test_a_long_inference_group_is_left_to_its_graphs_timing_over_calls(monkeypatch):
+    """A CPU inference group whose ORT run is past graph_budget_s is not timed in
+    PyTorch at compile time: its graph is timed against eager over its calls, and
+    explain says so. Results are eager's on every call."""
+    import lort
+
+    def no_group_timing(*args, **kwargs):
+        raise AssertionError("a long inference group is timed in PyTorch at compile time")
+
+    monkeypatch.setattr(Tuner, "time_pytorch", no_group_timing)
+    model, x = _gelu_mlp().eval(), torch.randn(16, 32)
+    tuner = Tuner(graph_budget_s=0.0, tiny_graph_s=0.0, peak_flops_per_thread=float("inf"))  # long by its run
+    backend = lort.LortBackend({"executor": "auto", "engines": ("ort", "pytorch"), "disk_cache": False}, tuner=tuner)
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for _ in range(8):
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    record, = backend.records
+    assert record.groups and all(set(g.executor_times) == {"ort"} for g in record.groups)
+    assert set(record.executor_times) >= {"ort", "pytorch"}, "the graph was not timed over its calls"
+    assert "timed against PyTorch as part of its graph" in str(lort.ExplainReport(backend.records))
+
+
+@pytest.mark.parametrize("budget_s, train", [(1e3, False), (0.0, True)])
+def test_short_and_training_groups_are_still_timed_in_pytorch(budget_s, train):
+    """A short inference group, and any training group (no sampling over calls: its
+    backward follows), keep their compile-time timing against PyTorch."""
+    import lort
+
+    model, x = _gelu_mlp(), torch.randn(16, 32)
+    backend = lort.LortBackend({"executor": "auto", "engines": ("ort", "pytorch"), "disk_cache": False},
+                               tuner=Tuner(graph_budget_s=budget_s, tiny_graph_s=0.0))
+    compiled = torch.compile(model, backend=backend)
+    with torch.set_grad_enabled(train):
+        compiled(x)
+    groups = [g for r in backend.records for g in r.groups]
+    assert groups and all(set(g.executor_times) == {"ort", "pytorch"} for g in groups), \
+        [g.executor_times for g in groups]
+
+
+def test_product_flops_are_those_of_torchs_flop_counter():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from lort.compile.flops import product_flops
+
+    def mlp(x, w1, b1, w2):
+        return torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x, w1, b1)), w2)
+
+    gm = make_fx(mlp, tracing_mode="fake")(torch.randn(16, 32), torch.randn(64, 32), torch.randn(64), torch.randn(8, 64))
+    assert product_flops(gm) == 2 * 16 * 32 * 64 + 2 * 16 * 64 * 8
+    conv = make_fx(torch.nn.functional.conv2d, tracing_mode="fake")(torch.randn(2, 3, 10, 10), torch.randn(8, 3, 3, 3))
+    assert product_flops(conv) == 2 * (2 * 8 * 8 * 8) * (3 * 3 * 3)
+    relu = make_fx(torch.relu, tracing_mode="fake")(torch.randn(4))
+    assert product_flops(relu) == 0
+
+
+def test_a_group_its_products_make_long_is_not_run_at_compile_time(monkeypatch):
+    """Where the products' flops at the core's peak speed already pass graph_budget_s,
+    the group runs on every thread and in ORT with no compile-time run; its graph is
+    timed against eager (this call is short: on its first call), every call eager's result."""
+    import lort
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a group surely long was run at compile time")
+
+    for timer in ("time_sessions", "time_session", "time_pytorch", "time_group_session"):
+        monkeypatch.setattr(Tuner, timer, no_run)
+    model, x = _gelu_mlp().eval(), torch.randn(16, 32)
+    flops = 2 * 16 * 32 * 64 + 2 * 16 * 64 * 8
+    tuner = Tuner(graph_budget_s=0.5, peak_flops_per_thread=flops / torch.get_num_threads(), tiny_graph_s=0.0)
+    backend = lort.LortBackend({"executor": "auto", "engines": ("ort", "pytorch"), "disk_cache": False},
+                               tuner=tuner)
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        for _ in range(8):
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    record, = backend.records
+    group, = record.groups
+    assert group.threads == torch.get_num_threads() and group.thread_times == {}
+    assert group.executor_times == {"ort_lower_bound": pytest.approx(1.0)}
+    assert "products alone take at least 1.00 s a run" in str(lort.ExplainReport(backend.records))

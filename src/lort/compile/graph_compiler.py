@@ -86,7 +86,8 @@ class GraphCompiler:
         if self.options.quantize is not None:
             _check_quantizable(kind, gm, self.options.quantize)
         refused = self._freeze_refused(by_node) if freezable else None
-        groups, modules = self._fuse_and_compile(gm, unsupported, name, by_node, refused, freezable)
+        groups, modules = self._fuse_and_compile(gm, unsupported, name, by_node, refused, freezable,
+                                                 kind == "inference")
         if self.cache and not cached:
             self.cache.store_record(plan_key, {"unsupported": {n.name: r.to_json() for n, r in unsupported.items()
                                                                if n not in made}})
@@ -144,18 +145,19 @@ class GraphCompiler:
         return (f"the graph's weights ({total_mb:.0f} MiB) exceed freeze_max_mb ({self.options.freeze_max_mb:g}); "
                 "frozen, ORT would keep its own pre-packed copy of them (freeze=True freezes them)")
 
-    def _fuse_and_compile(self, gm, unsupported, prefix, weights, refused, freezable):
+    def _fuse_and_compile(self, gm, unsupported, prefix, weights, refused, freezable, inference: bool):
         steps = progress.PrepareProgress(self.options, prefix)
         try:
             with self.groups.alike():  # a transformer's layers fall in many groups
-                groups, modules = self._fuse_rounds(gm, unsupported, prefix, steps, weights, refused, freezable)
+                groups, modules = self._fuse_rounds(gm, unsupported, prefix, steps, weights, refused, freezable,
+                                                    inference)
         finally:
             steps.close()
         steps.log(groups, modules)
         return groups, modules
 
     def _fuse_rounds(self, gm, unsupported, prefix, steps: progress.PrepareProgress, weights: dict, refused,
-                     freezable: bool):
+                     freezable: bool, inference: bool):
         opts = self.options
         # On CUDA, where PyTorch's TF32 flags differ for matmuls and convolutions, each
         # kind in groups of its own (a session has one TF32 switch: runtime/cuda.py).
@@ -180,7 +182,8 @@ class GraphCompiler:
                 try:
                     own = {k: weights[n] for k, n in enumerate(grp.inputs) if n in weights}
                     compiled = self.groups.compile(grp.name, sub, where, times, own if freezable else None, refused,
-                                                   real={k: t for k, (_, t) in own.items()})
+                                                   real={k: t for k, (_, t) in own.items()},
+                                                   inference=inference)
                 except (TranslationError, SessionCreationError) as e:
                     steps.group_done(False, times)
                     bad = self._find_failing_nodes(grp)

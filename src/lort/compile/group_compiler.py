@@ -32,6 +32,7 @@ from ..runtime.session import GroupSession, OutputSpec, optimizer_changes
 from ..runtime.session import stats as session_stats
 from ..translate import external_data, onnx_export, repeated
 from . import disk_cache, freezing, shared_sessions
+from .group_choices import GroupChoices
 from .layout import dense_perm, inverse, is_symbolic, needs_restride, physical_graph, static_shape
 from .tuner import Tuner, synthetic_inputs
 
@@ -60,7 +61,7 @@ def boundary(gm: torch.fx.GraphModule) -> tuple[Boundary, torch.fx.GraphModule]:
     return b, phys_gm
 
 
-class GroupCompiler:
+class GroupCompiler(GroupChoices):
     """Compiles groups for one options set with one tuner."""
 
     def __init__(self, options: Options, tuner: Tuner):
@@ -94,13 +95,14 @@ class GroupCompiler:
     def compile(
         self, name: str, gm: torch.fx.GraphModule, where: list[int] | None, times: dict | None = None,
         weights: dict[int, tuple[str, torch.Tensor]] | None = None, refused: str | None = None,
-        real: dict[int, torch.Tensor] | None = None,
+        real: dict[int, torch.Tensor] | None = None, inference: bool = False,
     ) -> CompiledGroup:
         """The compiled group. ``times`` (if given) gets the seconds per step, also on
         failure. ``weights`` (input index -> (name, tensor)): inputs to freeze into the
         session as ORT initializers where they can be; ``refused``: why none is (the
         graph's weights exceed Options.freeze_max_mb), or None; ``real`` (input index ->
-        tensor): inputs whose own values timing runs read instead of synthetic ones.
+        tensor): inputs whose own values timing runs read instead of synthetic ones;
+        ``inference``: the group belongs to an inference graph (Tuner.left_to_graph).
         Raises TranslationError or SessionCreationError."""
         times = {} if times is None else times
         b, phys_gm = boundary(gm)
@@ -140,6 +142,7 @@ class GroupCompiler:
         frozen_idx = {w.index for w in frozen}
         ort_feeds = None if feeds is None else [f for i, f in enumerate(feeds) if i not in frozen_idx]
         alike = False  # this group takes a twin's choices (for the same model, fused or plain)
+        least = self._surely_long(name, gm, device, b.dynamic, inference) if twin is None else None
         for i, make in enumerate(candidates):
             with _timed(times, "translate"):
                 made = make()  # the ORT-fused model, or the plain one
@@ -165,7 +168,7 @@ class GroupCompiler:
                                         tf32=tf32, count=False)
                 with _timed(times, "timing"):
                     threads, thread_times = (
-                        (twin.threads, twin.thread_times) if alike
+                        (twin.threads, twin.thread_times) if alike else (first_threads, {}) if least is not None
                         else self._choose_threads(model_bytes, device, ort_feeds, b.dynamic, sess)
                     )
                 if threads != first_threads:
@@ -182,10 +185,13 @@ class GroupCompiler:
         executor, executor_times = Placement.ORT, {}
         if alike:
             executor, executor_times = twin.executor, twin.executor_times
+        elif least is not None:
+            timed = self.options.executor == "auto" and self.options.mode == "ort"
+            executor_times = {"ort_lower_bound": least} if timed else {}
         elif self.options.executor == "auto" and self.options.mode == "ort" and feeds is not None:
             with _timed(times, "timing"):
                 executor, executor_times = self._choose_executor(
-                    name, gm, b, sess, feeds, ort_feeds, model_bytes, threads, thread_times
+                    name, gm, b, sess, feeds, ort_feeds, model_bytes, threads, thread_times, inference
                 )
         ort_optimizer = self._ort_optimizer(model_bytes, device, threads, tf32) if executor == Placement.ORT else {}
         if frozen:
@@ -292,44 +298,6 @@ class GroupCompiler:
         except Exception as e:  # noqa: BLE001 - a diagnostic: never fails the compile
             logger.info("lort: could not read ORT's optimized graph (%s)", e)
             return {}
-
-    def _max_threads(self) -> int:
-        return self.options.intra_op_num_threads or torch.get_num_threads()
-
-    def _choose_threads(self, model_bytes, device, feeds, dynamic, sess: GroupSession) -> tuple[int, dict]:
-        """``sess``: the group's session with every thread, timed for that count."""
-        threads = self._max_threads()
-        if self.options.intra_op_num_threads is not None or threads == 1 or dynamic or device.type != "cpu":
-            return threads, {}
-        return self.tuner.choose_threads(model_bytes, device, self.options, feeds, threads, built=sess.session)
-
-    def _choose_executor(self, name, gm, b, sess, feeds, ort_feeds, model_bytes, threads, thread_times):
-        """Time the group in PyTorch against its ORT time; keep the faster. On CUDA
-        both are timed on device tensors, synchronized around the timed region."""
-        device = sess.device
-        if device.type not in ("cpu", "cuda"):
-            return Placement.ORT, {}
-        if device.type == "cuda":
-            ort_time = self.tuner.time_group_session(sess, ort_feeds, device)
-        else:
-            ort_time = min((t for t in thread_times.values() if t is not None), default=None)
-            if ort_time is None:
-                ort_time = self.tuner.time_session(model_bytes, device, self.options, threads, ort_feeds)
-        torch_time = self.tuner.time_pytorch(gm, feeds, list(b.in_perms), device)
-        if ort_time is None or torch_time is None:
-            return Placement.ORT, {}
-
-        def again():
-            return {"ort": self.tuner.time_group_session(sess, ort_feeds, device) if device.type == "cuda"
-                    else self.tuner.time_session(model_bytes, device, self.options, threads, ort_feeds),
-                    "pytorch": self.tuner.time_pytorch(gm, feeds, list(b.in_perms), device)}
-
-        both = self.tuner.timed_again_if_close({"ort": ort_time, "pytorch": torch_time}, again)
-        ort_time, torch_time = both["ort"], both["pytorch"]
-        executor = self.tuner.choose_group_executor(ort_time, torch_time)
-        if executor == Placement.PYTORCH:
-            logger.info("lort: %s runs in PyTorch: %.0f us there vs %.0f us in ORT", name, torch_time * 1e6, ort_time * 1e6)
-        return executor, {"ort": ort_time, "pytorch": torch_time}
 
     def _from_cache(self, cache_key: str, fields: dict, key: tuple, tf32: bool, frozen, kept) -> CompiledGroup | None:
         hit = self.cache.load(cache_key)

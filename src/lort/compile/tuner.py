@@ -10,7 +10,9 @@ Three decisions, each from timings on inputs of the real shapes:
 - **graph executor** (``choose_graph_executor``, executor="auto", on the first call):
   lort's compiled graph against eager PyTorch (forward, and backward when the graph
   trains); eager takes it when below ``graph_eager_margin`` x lort's time (0.98: eager
-  must win clearly; lort runs no graph more than 2% slower than eager).
+  must win clearly; lort runs no graph more than 2% slower than eager). A CPU inference
+  group whose run is long (``surely_long`` from its products' flops, ``left_to_graph``
+  from its first run) is left to this choice, made over the graph's calls.
 
 Where ORT and PyTorch time within 5% of each other (a close call), both are timed again
 and the faster of each taken, so that the choice flips less often between processes.
@@ -72,6 +74,10 @@ class Tuner:
     thread_max_samples: int = 200
     #: Whole-graph timing budget per candidate, in seconds, and samples per candidate.
     graph_budget_s: float = 0.3
+    #: No core runs float32 products faster than this many operations a second: two
+    #: fused multiply-adds of 16 lanes a cycle at 4 GHz (AVX-512). A group's product
+    #: flops over this and its threads are the least seconds of its run (surely_long).
+    peak_flops_per_thread: float = 2.56e11
     graph_min_samples: int = 3
     graph_max_samples: int = 15
     #: An inference graph wholly in ORT groups, each timed against PyTorch, is not timed
@@ -119,6 +125,23 @@ class Tuner:
         if ort_time is None or torch_time is None:
             return Placement.ORT
         return Placement.PYTORCH if torch_time < self.group_pytorch_margin * ort_time else Placement.ORT
+
+    def left_to_graph(self, ort_time: float | None) -> bool:
+        """Whether a CPU inference group whose run takes ``ort_time`` seconds in ORT stays
+        there untimed against PyTorch: a run past ``graph_budget_s`` makes its graph's
+        calls long, and such a graph is timed against eager PyTorch over its calls
+        (graph_executor.ChooseOnFirstCall), each returning its result. Timing the group
+        too would add runs of seconds each to the first call (BERT-base at batch 32: 14 s
+        of its 28) for a choice the graph's own makes; what is lost is a placement with
+        such a group alone in PyTorch."""
+        return ort_time is not None and ort_time > self.graph_budget_s
+
+    def surely_long(self, flops: int, threads: int) -> float | None:
+        """The least seconds of a CPU inference group's run on ``threads`` threads whose
+        products take ``flops``, where that is past ``graph_budget_s`` (left_to_graph's
+        case, known before any run, which then no compile-time run is spent on), else None."""
+        least = flops / (self.peak_flops_per_thread * max(threads, 1))
+        return least if least > self.graph_budget_s else None
 
     def settled_by_groups(self, records: list) -> dict | None:
         """The whole-graph times (``{"ort": s, "pytorch": s}``, the groups' sums) of an

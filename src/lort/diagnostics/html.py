@@ -231,7 +231,7 @@ def _group_row(unit: Unit) -> str:
         tt = " · ".join(f"{k}: {fmt_time(v)}" for k, v in g.thread_times.items() if v is not None)
         threads += f' <span class="muted">({html.escape(tt)})</span>'
     if g.executor_times:
-        names = {"ort": "ORT", "pytorch": "PyTorch"}
+        names = {"ort": "ORT", "pytorch": "PyTorch", "ort_lower_bound": "ORT at least"}
         times = " · ".join(
             f'<span class="{"chosen" if k == g.executor else "muted"}">{names.get(k, k)} {fmt_time(v)}</span>'
             for k, v in g.executor_times.items()

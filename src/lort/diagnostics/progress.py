@@ -121,10 +121,10 @@ class PrepareProgress:
         built = [m for m in mods.values() if "session" in m.prepare_times or (m.from_cache and m.executor == Placement.ORT)]
         if built:
             logger.info("lort: %s: built %d ORT session(s) in %.2f s", name, len(built), t["session"])
-        timed = [m for n, m in mods.items() if n in fresh and (m.thread_times or m.executor_times)]
+        timed = [m for n, m in mods.items() if n in fresh and (m.thread_times or "pytorch" in m.executor_times)]
         if timed:
             what = [w for w, on in (
                 ("ORT threads", any(m.thread_times for m in timed)),
-                ("ORT against PyTorch", any(m.executor_times for m in timed)),
+                ("ORT against PyTorch", any("pytorch" in m.executor_times for m in timed)),
             ) if on]
             logger.info("lort: %s: timed %d group(s) (%s) in %.2f s", name, len(timed), ", ".join(what), t["timing"])
