@@ -74,12 +74,12 @@ class Tuner:
     thread_max_samples: int = 200
     #: Whole-graph timing budget per candidate, in seconds, and samples per candidate.
     graph_budget_s: float = 0.3
+    graph_min_samples: int = 3
+    graph_max_samples: int = 15
     #: No core runs float32 products faster than this many operations a second: two
     #: fused multiply-adds of 16 lanes a cycle at 4 GHz (AVX-512). A group's product
     #: flops over this and its threads are the least seconds of its run (surely_long).
     peak_flops_per_thread: float = 2.56e11
-    graph_min_samples: int = 3
-    graph_max_samples: int = 15
     #: An inference graph wholly in ORT groups, each timed against PyTorch, is not timed
     #: again as a whole where the groups' ORT time is at least this long (a call's own
     #: cost, well under a millisecond, is then under 1%: the whole graph could only

@@ -103,7 +103,7 @@ class ExplainReport:
                 elif g.executor_times and "pytorch" not in g.executor_times:
                     least = g.executor_times.get("ort_lower_bound")
                     long = "a long run" if least is None else f"its products alone take at least {least:.2f} s a run"
-                    where += f"  [{long}: timed against PyTorch as part of its graph, over the graph's calls]"
+                    where += f"  [{long}: timed against eager PyTorch as part of its graph, not alone]"
                 kept = "; ".join(f"{c} weight(s) kept as inputs: {why}" for why, c in g.kept_inputs.items())
                 lines.append(
                     f"{g.name:<28} {g.num_nodes:>6} {g.num_inputs:>7} {g.frozen:>7} {g.num_outputs:>8} {threads:>8}  "
