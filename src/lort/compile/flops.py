@@ -1,7 +1,7 @@
 """The floating-point operations of a graph's float32 and float64 products (matrix
-products and convolutions), read from its nodes' metadata with ``torch.utils.flop_counter``'s formulas:
-no run, no tracing. Other ops count nothing, so the figure is a lower bound of the work
-(Tuner.surely_long)."""
+products and convolutions), read from its nodes' metadata with
+``torch.utils.flop_counter``'s formulas: no run, no tracing. Other ops count nothing,
+so the figure is a lower bound of the work (Tuner.surely_long)."""
 
 from __future__ import annotations
 
