@@ -183,12 +183,12 @@ class GroupCompiler(GroupChoices):
                     raise
                 logger.info("lort: %s: ORT refused the fused model (%s); using the plain one", name, e)
         executor, executor_times = Placement.ORT, {}
+        timed = self.options.executor == "auto" and self.options.mode == "ort"  # ORT or PyTorch by timing
         if alike:
             executor, executor_times = twin.executor, twin.executor_times
         elif least is not None:
-            timed = self.options.executor == "auto" and self.options.mode == "ort"
             executor_times = {"ort_lower_bound": least} if timed else {}
-        elif self.options.executor == "auto" and self.options.mode == "ort" and feeds is not None:
+        elif timed and feeds is not None:
             with _timed(times, "timing"):
                 executor, executor_times = self._choose_executor(
                     name, gm, b, sess, feeds, ort_feeds, model_bytes, threads, thread_times, inference
