@@ -423,9 +423,9 @@ class _FastBinding:
 
     def output_tensors(self) -> list[torch.Tensor]:
         """Tensors owning the data of the ORT-allocated outputs of the last run (shapes
-        known only after it), one DLPack call for all (a 25-output GPT-2 decode step: 50
-        against 220 us one OrtValue at a time). The outputs are cleared before each such
-        run, so ORT does not reuse their memory."""
+        known only after it), one DLPack call for all (25 outputs: 50 against 220 us one
+        OrtValue at a time). The outputs are cleared before each such run, so ORT does
+        not reuse their memory."""
         vector = self._c_binding.get_outputs() if self._fast else None
         if vector is not None and hasattr(vector, "to_dlpacks"):
             return vector.to_dlpacks(torch.from_dlpack)
