@@ -97,10 +97,10 @@ def check_plain_model_runs(x, w):
     assert lort.stats.ort_runs - before >= 2
 
 
-def _failing_run(calls):
+def _failing_run(calls, message="[ONNXRuntimeError] : 1 : FAIL : simulated kernel failure"):
     def run(self, args):
         calls.append(self.name)
-        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : simulated kernel failure")
+        raise RuntimeError(message)
 
     return run
 
@@ -152,7 +152,11 @@ def test_disk_cache_remembers_a_run_failure(monkeypatch, tmp_path):
     assert len(calls) == 1
     torch._dynamo.reset()
     backend = LortBackend(opts)
-    got = torch.compile(f, backend=backend)(x, w)
+    # Said again in the new process, which would otherwise run the group in PyTorch
+    # with nothing to say why.
+    with pytest.warns(UserWarning, match=r"runs in PyTorch: ORT failed to run it in an earlier process "
+                                         r"\(.*simulated kernel failure\).*disk_cache=False"):
+        got = torch.compile(f, backend=backend)(x, w)
     torch.testing.assert_close(got, f(x, w), rtol=1e-5, atol=1e-6)
     assert len(calls) == 1  # not run in ORT again
     record = backend.records[0]
@@ -160,3 +164,29 @@ def test_disk_cache_remembers_a_run_failure(monkeypatch, tmp_path):
     assert group.from_cache and group.executor == "pytorch" and "simulated kernel failure" in group.run_failure
     assert record.ort_nodes == 0 and record.torch_nodes > 0
     assert all("ORT failed to run its group" in why and "simulated" in why for _, why in record.fallbacks)
+
+
+def test_disk_cache_does_not_keep_a_failure_for_want_of_memory(monkeypatch, tmp_path):
+    """ORT running out of memory is a failure of the moment, not of the group: this
+    process runs the group in PyTorch, but a new one tries ORT again (and here, with
+    memory free, runs it there)."""
+    calls: list = []
+    oom = ("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while running "
+           "MatMul node. Name:'n0' Status Message: Failed to allocate memory for requested buffer of size 4096")
+    monkeypatch.setattr(session_mod.GroupSession, "run", _failing_run(calls, oom))
+    opts = {"executor": "ort", "ort_fusions": False, "disk_cache": True, "cache_dir": str(tmp_path)}
+    x, w = inputs()
+    with pytest.warns(UserWarning, match="Failed to allocate memory"):
+        got = torch.compile(f, backend=LortBackend(opts))(x, w)
+    torch.testing.assert_close(got, f(x, w), rtol=1e-5, atol=1e-6)
+    assert len(calls) == 1
+    torch._dynamo.reset()
+    monkeypatch.undo()  # the new process has its memory
+    backend = LortBackend(opts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = torch.compile(f, backend=backend)(x, w)
+    torch.testing.assert_close(got, f(x, w), rtol=1e-5, atol=1e-6)
+    (group,) = backend.records[0].group_modules.values()
+    assert group.from_cache and group.executor == "ort" and group.run_failure is None
+    assert backend.records[0].ort_nodes > 0

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import os
 import time
+import warnings
 
 import onnx
 import torch
@@ -28,6 +29,7 @@ from ..reasons import Placement
 from ..runtime import cuda
 from ..runtime.compiled import Boundary, CompiledGroup, spec_key
 from ..runtime.dtypes import SUPPORTED_DTYPES
+from ..runtime.group import out_of_memory
 from ..runtime.session import GroupSession, OutputSpec, optimizer_changes
 from ..runtime.session import stats as session_stats
 from ..translate import external_data, onnx_export, repeated
@@ -244,7 +246,13 @@ class GroupCompiler(GroupChoices):
 
     def remember(self, group) -> None:
         """Store a group's run-time change (its model or executor) in the disk cache, so
-        that a new process does not run the failing model again (``OrtGroup.on_change``)."""
+        that a new process does not run the failing model again (``OrtGroup.on_change``).
+        A run that failed for want of memory is not stored: a later process, with its
+        memory free, tries ORT again."""
+        if group.run_failure and out_of_memory(group.run_failure):
+            logger.info("lort: %s: ORT ran out of memory (%s); the disk cache keeps the group in ORT for "
+                        "later processes", group.name, group.run_failure)
+            return
         if self.cache and group.model_bytes is not None:
             key = self._cache_key(group.gm, group.compiled.frozen)
             self.cache.store(key, group.model_bytes, choices(group.compiled, group))
@@ -340,6 +348,15 @@ class GroupCompiler(GroupChoices):
         if sess is not None and shared is None:
             shared_sessions.put(shared_key, sess)
         logger.debug("lort: %s: loaded from the disk cache", name)
+        if compiled.run_failure and executor == Placement.PYTORCH:
+            # Said at the failure, in the process it happened in; said again here, once
+            # per process, or the group would run in PyTorch with nothing to say why.
+            warnings.warn(
+                f"lort: group {name!r} runs in PyTorch: ORT failed to run it in an earlier process "
+                f"({compiled.run_failure}), as lort's disk cache at {self.cache.directory!r} records; "
+                "remove that directory, or compile with disk_cache=False, to try ORT again",
+                stacklevel=2,
+            )
         return compiled
 
     def _save_onnx(self, name: str, model) -> None:

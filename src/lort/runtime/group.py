@@ -329,6 +329,19 @@ def run_failed(first_line: str) -> Reason:
     return Reason(ReasonKind.RUN_FAILED, f"ORT failed to run its group: {first_line}")
 
 
+#: Words of ORT's (and CUDA's) errors where memory ran out: a failure of the moment
+#: (another model, another process, a larger batch held the memory), not of the group.
+_OUT_OF_MEMORY = ("failed to allocate", "out of memory", "bad_alloc", "bad allocation")
+
+
+def out_of_memory(failure: str | None) -> bool:
+    """Whether a run failure's first line (``OrtGroup.run_failure``) says that memory ran
+    out. The group falls back to PyTorch in this process all the same, but the disk cache
+    does not keep such a failure for later processes."""
+    text = (failure or "").lower()
+    return any(word in text for word in _OUT_OF_MEMORY)
+
+
 def compare_outputs(name: str, outs, refs, rtol: float, atol: float) -> None:
     """Raise MismatchError naming the first output of ``name`` outside tolerance."""
     for i, (o, r) in enumerate(zip(outs, refs)):
