@@ -44,14 +44,20 @@ bench: native $(BENCH_STAMP)
 # In a virtual environment of their own: torchao, once installed, is imported by
 # transformers and warns in every process (make demo, the tests' warning checks).
 PEERS_VENV := .venv-peers
+# llama-cpp-python 0.3.36's AMX kernels die of SIGILL on Xeons with AMX: its worker threads
+# run tile instructions without a valid tile configuration (llama.cpp PR 26954, open). Without
+# them ggml runs its AVX-512 VNNI (or AVX2) kernels; other CPUs build as before.
+LLAMA_NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 PEERS_PY := $(PEERS_VENV)/bin/python
 PEERS_STAMP := $(PEERS_VENV)/.installed
 $(PEERS_STAMP): pyproject.toml requirements-ci.txt
 	$(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_PY) -m pip install --upgrade pip
 	$(PEERS_PY) -m pip install -r requirements-ci.txt
-	# GGML_NATIVE: llama.cpp for this CPU; --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS
-	CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=2 $(PEERS_PY) -m pip install --no-cache-dir -e '.[test,peers]'
+	# GGML_NATIVE: llama.cpp for this CPU, less its AMX kernels (LLAMA_NO_AMX); --no-cache-dir:
+	# pip's wheel cache ignores CMAKE_ARGS
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$(LLAMA_NO_AMX)' -DCMAKE_CXX_FLAGS='$(LLAMA_NO_AMX)'" \
+		CMAKE_BUILD_PARALLEL_LEVEL=2 $(PEERS_PY) -m pip install --no-cache-dir -e '.[test,peers]'
 	touch $(PEERS_STAMP)
 
 bench-peers: $(PEERS_STAMP)
