@@ -58,6 +58,36 @@ def test_a_long_call_is_timed_in_two_rounds_after_one_warm_up():
     assert calls["ort"] >= 4  # a short call: at least three samples
 
 
+def _timed_calls(seconds: dict[str, list[float]], tuner: Tuner) -> collections.Counter:
+    """How many calls of each candidate ``tuner.time_graph`` makes, where call i of
+    candidate name sleeps ``seconds[name][i]`` (the last value past the list)."""
+    calls = collections.Counter()
+
+    def sleeper(name):
+        def fn(*args):
+            time.sleep(seconds[name][min(calls[name], len(seconds[name]) - 1)])
+            calls[name] += 1
+            return torch.zeros(1)
+        return fn
+
+    times = tuner.time_graph({name: sleeper(name) for name in seconds}, [torch.zeros(1)])
+    assert set(times) == set(seconds)
+    return calls
+
+
+def test_a_long_call_with_a_clear_winner_in_warm_up_and_first_round_is_timed_once():
+    """Both the warm-up and the first sample put one candidate 1.25x ahead: no second round."""
+    tuner = Tuner(graph_budget_s=0.01)
+    assert _timed_calls({"ort": [0.08], "pytorch": [0.03]}, tuner) == {"ort": 2, "pytorch": 2}
+    assert _timed_calls({"ort": [0.03], "pytorch": [0.08]}, tuner) == {"ort": 2, "pytorch": 2}
+    # Within the ratio: two rounds, as before.
+    assert _timed_calls({"ort": [0.035], "pytorch": [0.03]}, tuner) == {"ort": 3, "pytorch": 3}
+    # The warm-up and the first sample disagree (a warm-up slowed by its first run): two rounds.
+    assert _timed_calls({"ort": [0.03, 0.08], "pytorch": [0.08, 0.03]}, tuner) == {"ort": 3, "pytorch": 3}
+    # Short calls take their three samples whatever the ratio.
+    assert _timed_calls({"ort": [0.004], "pytorch": [0.001]}, Tuner(graph_budget_s=1.0))["ort"] >= 4
+
+
 def test_the_rewrites_run_without_the_quadratic_rule_and_restore_the_rules(monkeypatch):
     """SlicesSplit (two output nodes: matched by scanning the whole graph per candidate)
     is left out of the optimizer runs inside optimize_for_ort, and onnxscript's rule set

@@ -36,7 +36,8 @@ from ..translate import external_data, onnx_export, repeated
 from . import disk_cache, freezing, shared_sessions
 from .group_choices import GroupChoices
 from .layout import dense_perm, inverse, is_symbolic, needs_restride, physical_graph, static_shape
-from .tuner import Tuner, synthetic_inputs
+from .timing_inputs import synthetic_inputs
+from .tuner import Tuner
 
 logger = logging.getLogger("lort")
 

@@ -41,10 +41,9 @@ from ..errors import one_line
 from ..options import Options
 from ..reasons import Placement, ReasonKind
 from ..runtime import cuda
-from ..runtime.dtypes import TABLE
 from ..runtime.frozen import timing_runs
 from ..runtime.session import GroupSession, create_session
-from .layout import inverse, static_shape
+from .layout import inverse
 
 logger = logging.getLogger("lort")
 
@@ -76,6 +75,12 @@ class Tuner:
     graph_budget_s: float = 0.3
     graph_min_samples: int = 3
     graph_max_samples: int = 15
+    #: A whole-graph timing of long calls (past ``graph_budget_s``: seconds each on a
+    #: training step at real sizes) ends after its first round where one candidate's
+    #: warm-up and first sample both took at least this x the other's: a second round
+    #: could not turn the choice (ViT-S/16 training at batch 8, ORT's graph 1.4-1.7x
+    #: eager's on an Intel Xeon: its first step 33.7 -> 29.4 s).
+    graph_decided_ratio: float = 1.25
     #: No core runs float32 products faster than this many operations a second: two
     #: fused multiply-adds of 16 lanes a cycle at 4 GHz (AVX-512). A group's product
     #: flops over this and its threads are the least seconds of its run (surely_long).
@@ -294,11 +299,13 @@ class Tuner:
     def _time_graph(self, candidates, example_inputs, train, device, give_up_s=None) -> dict[str, float]:
         args = [_clone(a) for a in example_inputs]
         samples: dict[str, list[float]] = {name: [] for name in candidates}
+        warm: dict[str, float] = {}
         for name, fn in candidates.items():  # warm-up: lazy compiles (the backward), caches
             t0 = time.perf_counter()
             _step(fn, args, train)
-            if give_up_s is not None and time.perf_counter() - t0 > 20 * give_up_s:
-                return {name: time.perf_counter() - t0}
+            warm[name] = time.perf_counter() - t0
+            if give_up_s is not None and warm[name] > 20 * give_up_s:
+                return {name: warm[name]}
         spent = 0.0
         while True:
             for name, fn in candidates.items():
@@ -316,9 +323,21 @@ class Tuner:
             # A call past the budget (a large model's, seconds each): two rounds, the
             # minimum of which is read, tell as much as three.
             long = n >= 2 and min(min(v) for v in samples.values()) > self.graph_budget_s
+            if n == 1 and give_up_s is None and min(v[0] for v in samples.values()) > self.graph_budget_s:
+                first = {name: v[0] for name, v in samples.items()}
+                winner = self._clear_winner(first)
+                long = winner is not None and winner == self._clear_winner(warm)
             if n >= self.graph_max_samples or long or (
                     n >= self.graph_min_samples and spent > self.graph_budget_s * len(candidates)):
                 return {name: min(v) for name, v in samples.items()}
+
+
+    def _clear_winner(self, times: dict[str, float]) -> str | None:
+        """The candidate faster than every other by ``graph_decided_ratio``, or None."""
+        if len(times) < 2:
+            return None
+        fastest, second = sorted(times, key=times.get)[:2]
+        return fastest if times[second] >= self.graph_decided_ratio * times[fastest] else None
 
 
 def _session_run(model_bytes, device: torch.device, options: Options, threads: int, feeds: list,
@@ -339,46 +358,6 @@ def _seconds(run: Callable) -> float | None:
         return time.perf_counter() - t0
     except Exception:  # noqa: BLE001 - no measurement
         return None
-
-
-#: Synthetic timing inputs past this many bytes are not made: the group is not timed
-#: (it runs on every thread, in ORT; the whole-graph choice against eager still applies).
-SYNTHETIC_MAX_BYTES = 256 << 20
-
-
-def synthetic_inputs(metas, real: dict | None = None) -> list | None:
-    """Inputs of the placeholders' shapes and dtypes to time on (NumPy, as compilation
-    runs under FakeTensorMode): ``real[i]`` (an array of the input's own values, a
-    model's weight) where given, else integer zeros (valid indices) or random floats.
-    None when a placeholder is not a tensor of static shape and timed dtype (bfloat16 is
-    not), or the synthetic ones would take more than SYNTHETIC_MAX_BYTES.
-
-    The synthetic inputs of one dtype are views of one buffer, the size of the largest:
-    timing reads them and never writes them (a group holds no in-place op)."""
-    real = real or {}
-    shapes = []
-    for i, m in enumerate(metas):
-        dtype = TABLE.get(m.dtype) if isinstance(m, torch.Tensor) else None
-        if dtype is None or dtype.numpy is None or static_shape(m) is None:
-            return None
-        shapes.append((static_shape(m), np.dtype(dtype.numpy), m.dtype.is_floating_point))
-    pools: dict = {}
-    for i, (shape, dtype, floating) in enumerate(shapes):
-        if i not in real:
-            size = max(int(np.prod(shape, dtype=np.int64)), pools.get((dtype, floating), 0))
-            pools[(dtype, floating)] = size
-    if sum(size * dtype.itemsize for (dtype, _), size in pools.items()) > SYNTHETIC_MAX_BYTES:
-        return None
-    rng = np.random.default_rng(0)
-    for (dtype, floating), size in pools.items():
-        if not floating:
-            pools[(dtype, floating)] = np.zeros(size, dtype=dtype)
-        elif dtype in (np.float32, np.float64):
-            pools[(dtype, floating)] = rng.standard_normal(size, dtype=dtype)
-        else:  # float16: drawn in float32 (NumPy draws no other type)
-            pools[(dtype, floating)] = rng.standard_normal(size, dtype=np.float32).astype(dtype)
-    return [real[i] if i in real else pools[(dtype, floating)][: int(np.prod(shape, dtype=np.int64))].reshape(shape)
-            for i, (shape, dtype, floating) in enumerate(shapes)]
 
 
 def median_run_time(
