@@ -250,13 +250,14 @@ class GroupCompiler(GroupChoices):
         that a new process does not run the failing model again (``OrtGroup.on_change``).
         A run that failed for want of memory is not stored: a later process, with its
         memory free, tries ORT again."""
+        if not self.cache or group.model_bytes is None:
+            return
         if group.run_failure and out_of_memory(group.run_failure):
             logger.info("lort: %s: ORT ran out of memory (%s); the disk cache keeps the group in ORT for "
                         "later processes", group.name, group.run_failure)
             return
-        if self.cache and group.model_bytes is not None:
-            key = self._cache_key(group.gm, group.compiled.frozen)
-            self.cache.store(key, group.model_bytes, choices(group.compiled, group))
+        key = self._cache_key(group.gm, group.compiled.frozen)
+        self.cache.store(key, group.model_bytes, choices(group.compiled, group))
 
     def _cache_key(self, gm: torch.fx.GraphModule, frozen) -> str:
         what = "group" if not frozen else "group frozen " + ",".join(str(w.index) for w in frozen)

@@ -331,7 +331,6 @@ class Tuner:
                     n >= self.graph_min_samples and spent > self.graph_budget_s * len(candidates)):
                 return {name: min(v) for name, v in samples.items()}
 
-
     def _clear_winner(self, times: dict[str, float]) -> str | None:
         """The candidate faster than every other by ``graph_decided_ratio``, or None."""
         if len(times) < 2:
