@@ -252,7 +252,7 @@ class GroupCompiler(GroupChoices):
         memory free, tries ORT again."""
         if not self.cache or group.model_bytes is None:
             return
-        if group.run_failure and out_of_memory(group.run_failure):
+        if out_of_memory(group.run_failure):
             logger.info("lort: %s: ORT ran out of memory (%s); the disk cache keeps the group in ORT for "
                         "later processes", group.name, group.run_failure)
             return

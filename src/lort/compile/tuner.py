@@ -323,9 +323,9 @@ class Tuner:
             # A call past the budget (a large model's, seconds each): two rounds, the
             # minimum of which is read, tell as much as three.
             long = n >= 2 and min(min(v) for v in samples.values()) > self.graph_budget_s
-            if n == 1 and give_up_s is None and min(v[0] for v in samples.values()) > self.graph_budget_s:
+            if n == 1 and give_up_s is None:
                 first = {name: v[0] for name, v in samples.items()}
-                winner = self._clear_winner(first)
+                winner = self._clear_winner(first) if min(first.values()) > self.graph_budget_s else None
                 long = winner is not None and winner == self._clear_winner(warm)
             if n >= self.graph_max_samples or long or (
                     n >= self.graph_min_samples and spent > self.graph_budget_s * len(candidates)):
