@@ -23,9 +23,11 @@ optimizer, batch 4 x 128) in eager PyTorch, and with its ``mm``/``addmm`` comput
 OpenBLAS instead (a TorchDispatchMode), each in fresh processes taking turns: what the
 faster GEMM is worth in a real step, where torch's OpenMP threads run the ops between.
 With ``--waits``, the alternating pair again under each setting of ``WAITS`` (whose
-threads wait by spinning after a call), set before the child process starts.
+threads wait by spinning after a call), set before the child process starts. With
+``--ort-forms``, the weight gradients' ``dY^T X`` in ORT written each way of
+``ORT_FORMS`` (issue 43, item 2: which form ORT runs fastest per shape), at batch 1 and 4.
 
-    python benchmarks/studies/gemm_libraries.py [--rounds 3] [--step] [--mixed] [--waits]
+    python benchmarks/studies/gemm_libraries.py [--rounds 3] [--step] [--mixed] [--waits] [--ort-forms]
 """
 
 from __future__ import annotations
@@ -62,6 +64,45 @@ WAITS = {
     "OPENBLAS_THREAD_TIMEOUT=4": {"OPENBLAS_THREAD_TIMEOUT": "4"},
     "both": {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "4"},
 }
+
+
+#: The ways of writing ``dY^T X`` in ONNX for ``--ort-forms``: the node(s), and the ORT
+#: optimizers the session leaves out (its MatmulTransposeFusion turns Transpose + MatMul
+#: into FusedMatMul(transA=1), as onnxscript's TransposeMatMul rules do before it).
+ORT_FORMS = {
+    "Gemm(transA=1)": ([("Gemm", ["a", "b"], ["y"], {"transA": 1})], []),
+    "FusedMatMul(transA=1)": ([("FusedMatMul", ["a", "b"], ["y"], {"transA": 1, "domain": "com.microsoft"})], []),
+    "Transpose, MatMul (unfused)": ([("Transpose", ["a"], ["at"], {"perm": [1, 0]}), ("MatMul", ["at", "b"], ["y"], {})],
+                                    ["MatmulTransposeFusion", "TransposeOptimizer"]),
+}
+#: (M, K, N) of dW = dY^T X: dY [K, M], X [K, N], K the tokens (BERT-base, batch 1 and 4).
+ORT_FORM_SHAPES = [(768, 128, 768), (3072, 128, 768), (768, 512, 768), (3072, 512, 768), (768, 512, 3072)]
+
+
+def child_ort_forms() -> dict:
+    """{form: {"MxKxN": seconds}} for ``--ort-forms``, one session per form and shape."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    from onnx import TensorProto, helper
+
+    out: dict = {form: {} for form in ORT_FORMS}
+    for form, (nodes, disabled) in ORT_FORMS.items():
+        for m, k, n in ORT_FORM_SHAPES:
+            graph = helper.make_graph(
+                [helper.make_node(op, ins, outs, **attrs) for op, ins, outs, attrs in nodes], "dw",
+                [helper.make_tensor_value_info("a", TensorProto.FLOAT, [k, m]),
+                 helper.make_tensor_value_info("b", TensorProto.FLOAT, [k, n])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])])
+            model = helper.make_model(graph, ir_version=9, opset_imports=[
+                helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = torch.get_num_threads()
+            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"],
+                                        disabled_optimizers=disabled)
+            feeds = {"a": np.random.randn(k, m).astype(np.float32), "b": np.random.randn(k, n).astype(np.float32)}
+            out[form][f"{m}x{k}x{n}"] = _median_s(lambda: sess.run(None, feeds))
+    return out
 
 
 def _ort_gemm(sa, sb, ta, tb, threads):
@@ -189,12 +230,16 @@ def main() -> None:
     p.add_argument("--step", action="store_true", help="also BERT-base's step with MKL's and OpenBLAS's products")
     p.add_argument("--mixed", action="store_true", help="also mkl and openblas alternating in one process")
     p.add_argument("--waits", action="store_true", help="also the alternating pair under each of WAITS")
+    p.add_argument("--ort-forms", action="store_true", help="also dY^T X in ORT written each way of ORT_FORMS")
     p.add_argument("--out", default=os.path.join(HERE, "gemm_libraries.md"))
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         kind, arg = a.child
-        result = child_products(arg.split(",")) if kind == "products" else child_step(arg)
+        if kind == "products":
+            result = child_products(arg.split(","))
+        else:
+            result = child_ort_forms() if kind == "ort_forms" else child_step(arg)
         print(json.dumps(result))
         return
     from report import machine
@@ -202,6 +247,7 @@ def main() -> None:
     samples: dict = {lib: {name: [] for name in SHAPES} for lib in LIBRARIES}
     mixed: dict = {lib: {name: [] for name in SHAPES} for lib in ("mkl", "openblas")}
     steps: dict = {"eager": [], "openblas": []}
+    forms: dict = {form: {f"{m}x{k}x{n}": [] for m, k, n in ORT_FORM_SHAPES} for form in ORT_FORMS}
     waits: dict = {w: {lib: {name: [] for name in SHAPES} for lib in ("mkl", "openblas")} for w in WAITS}
     for _ in range(a.rounds):
         for lib in LIBRARIES:
@@ -211,6 +257,10 @@ def main() -> None:
             for lib, by_name in _run_child("products", "mkl,openblas").items():
                 for name, s in by_name.items():
                     mixed[lib][name].append(s)
+        if a.ort_forms:
+            for form, by_shape in _run_child("ort_forms", "-").items():
+                for shape, t in by_shape.items():
+                    forms[form][shape].append(t)
         if a.waits:
             for w, env in WAITS.items():
                 for lib, by_name in _run_child("products", "mkl,openblas", env).items():
@@ -223,7 +273,8 @@ def main() -> None:
         "# Float32 GEMM libraries at a training step's products",
         "",
         f"Taken {datetime.date.today()} by `python benchmarks/studies/gemm_libraries.py --rounds {a.rounds}"
-        f"{' --step' if a.step else ''}{' --mixed' if a.mixed else ''}{' --waits' if a.waits else ''}`.",
+        f"{' --step' if a.step else ''}{' --mixed' if a.mixed else ''}{' --waits' if a.waits else ''}"
+        f"{' --ort-forms' if a.ort_forms else ''}`.",
         f"Machine: {machine()}. How each figure is taken: the script's docstring; "
         "ms: median over rounds (range), one fresh process per library and round.",
         "",
@@ -243,6 +294,11 @@ def main() -> None:
         lines += ["", "MKL and OpenBLAS alternating call by call in one process (ms):", "",
                   "| product | mkl ms | openblas ms |", "|---|---:|---:|"]
         lines += [f"| {name} | {_fmt(mixed['mkl'][name])} | {_fmt(mixed['openblas'][name])} |" for name in SHAPES]
+    if a.ort_forms:
+        shapes = list(next(iter(forms.values())))
+        lines += ["", "dW = dY^T X in ORT, each way of writing it (ms; M x K x N, K the tokens):", "",
+                  "| form | " + " | ".join(shapes) + " |", "|---|" + "---:|" * len(shapes)]
+        lines += [f"| {form} | " + " | ".join(_fmt(forms[form][sh]) for sh in shapes) + " |" for form in ORT_FORMS]
     if a.waits:
         lines += ["", "The same alternation under each thread-wait setting: the sum over the six products (ms):", "",
                   "| setting | mkl ms | openblas ms |", "|---|---:|---:|"]
