@@ -67,3 +67,15 @@ def first_call_seconds(step, sync=_no_sync) -> float:
     step()
     sync()
     return time.perf_counter() - t0
+
+
+def median_seconds(fn, calls: int = 15, warmup: int = 5) -> float:
+    """Median seconds of ``calls`` calls of ``fn`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)

@@ -11,7 +11,8 @@ Each variant runs in a fresh process: ViT-S/16 (timm, random weights) at batch 8
 forward, backward and an AdamW step in eager PyTorch, with ``torch.set_num_threads(T)``:
 2 warm-up steps, then the median of ``--steps`` steps. "busy" runs a second process that
 spins one core (a stand-in for the compile worker) for the variant's whole run. The
-variants take turns for ``--rounds`` rounds.
+variants take turns for ``--rounds`` rounds. The table goes between the file's
+``<!-- compile_contention -->`` markers; the reading after them is kept.
 
     python benchmarks/studies/compile_contention.py [--rounds 2] [--steps 5]
 """
@@ -25,10 +26,12 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
+
+from report import machine, write_section  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 _SPIN = "while True: pass"
 
@@ -48,14 +51,7 @@ def child(threads: int, steps: int) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(2):
-        step()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return {"median_s": statistics.median(times)}
+    return {"median_s": median_seconds(step, calls=steps, warmup=2)}
 
 
 def run(threads: int, busy: bool, steps: int) -> float:
@@ -82,8 +78,6 @@ def main() -> None:
         return
     import torch
 
-    from report import machine
-
     full = torch.get_num_threads()
     variants = [(full, False), (full - 1, False), (full, True), (full - 1, True)] if full > 1 else [(1, False)]
     samples: dict = {v: [] for v in variants}
@@ -92,8 +86,6 @@ def main() -> None:
             samples[(threads, busy)].append(run(threads, busy, a.steps))
     quiet = statistics.median(samples[(full, False)])
     lines = [
-        "# A training step beside a busy core",
-        "",
         f"Taken {datetime.date.today()} by `python benchmarks/studies/compile_contention.py --rounds {a.rounds} "
         f"--steps {a.steps}`.",
         f"Machine: {machine()}. ViT-S/16 at batch 8, 224 px, forward, backward and AdamW in eager PyTorch; "
@@ -106,16 +98,8 @@ def main() -> None:
         med = statistics.median(values)
         lines.append(f"| {threads} | {'yes' if busy else 'no'} | {med * 1e3:.0f} ({min(values) * 1e3:.0f}-"
                      f"{max(values) * 1e3:.0f}) | {med / quiet:.2f}x |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    reading = ""
-    if os.path.exists(a.out):
-        old = open(a.out).read()
-        if "<!-- reading -->" in old:
-            reading = old[old.index("<!-- reading -->"):]
-    with open(a.out, "w") as f:
-        f.write(text + ("\n" + reading if reading else ""))
-
+    print("\n".join(lines))
+    write_section(a.out, "compile_contention", lines, title="# A training step beside a busy core\n")
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,8 @@ already has beats the one eager calls, at the shapes such a step multiplies:
 - ``onednn``: ``torch.ops.mkldnn._linear_pointwise`` on dense operands (oneDNN's
   matmul, the kernel inductor's CPU linear fusions call).
 
-Each library runs in a fresh process of its own (libraries that spin their threads
+The tables go between the file's ``<!-- gemm_libraries -->`` markers; the reading after them
+is kept. Each library runs in a fresh process of its own (libraries that spin their threads
 after a call slow the next library's threads when they alternate in one process:
 ``--mixed`` measures that), the processes taking turns for ``--rounds`` rounds; each
 row gives the median over rounds of each process's median of 15 calls, and the range.
@@ -43,6 +44,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
+
+from report import machine, write_section  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 #: name -> (A's shape, B's shape, transA, transB): BERT-base's products at batch 4 x 128
 #: (512 tokens), as the step holds them (torch's linear weight is [out, in]).
@@ -79,47 +83,38 @@ ORT_FORMS = {
 ORT_FORM_SHAPES = [(768, 128, 768), (3072, 128, 768), (768, 512, 768), (3072, 512, 768), (768, 512, 3072)]
 
 
-def child_ort_forms() -> dict:
-    """{form: {"MxKxN": seconds}} for ``--ort-forms``, one session per form and shape."""
-    import numpy as np
+def _ort_session(nodes, a_shape, b_shape, y_shape, disabled=()):
+    """An ORT session of ``nodes`` (``(op, inputs, outputs, attributes)``, a ``domain``
+    among the attributes) from float inputs ``a``, ``b`` to ``y``, on torch's thread
+    count, with the ORT optimizers ``disabled`` left out."""
     import onnxruntime as ort
     import torch
     from onnx import TensorProto, helper
 
+    graph = helper.make_graph(
+        [helper.make_node(op, ins, outs, **attrs) for op, ins, outs, attrs in nodes], "product",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a_shape)),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y_shape))])
+    model = helper.make_model(graph, ir_version=9, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = torch.get_num_threads()
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=list(disabled))
+
+
+def child_ort_forms() -> dict:
+    """{form: {"MxKxN": seconds}} for ``--ort-forms``, one session per form and shape."""
+    import numpy as np
+
     out: dict = {form: {} for form in ORT_FORMS}
     for form, (nodes, disabled) in ORT_FORMS.items():
         for m, k, n in ORT_FORM_SHAPES:
-            graph = helper.make_graph(
-                [helper.make_node(op, ins, outs, **attrs) for op, ins, outs, attrs in nodes], "dw",
-                [helper.make_tensor_value_info("a", TensorProto.FLOAT, [k, m]),
-                 helper.make_tensor_value_info("b", TensorProto.FLOAT, [k, n])],
-                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])])
-            model = helper.make_model(graph, ir_version=9, opset_imports=[
-                helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = torch.get_num_threads()
-            sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"],
-                                        disabled_optimizers=disabled)
+            sess = _ort_session(nodes, (k, m), (k, n), (m, n), disabled)
             feeds = {"a": np.random.randn(k, m).astype(np.float32), "b": np.random.randn(k, n).astype(np.float32)}
-            out[form][f"{m}x{k}x{n}"] = _median_s(lambda: sess.run(None, feeds))
+            out[form][f"{m}x{k}x{n}"] = median_seconds(lambda: sess.run(None, feeds))
     return out
-
-
-def _ort_gemm(sa, sb, ta, tb, threads):
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
-
-    m = sb[0] if tb else sb[1]
-    out = [sa[1] if ta else sa[0], m]
-    graph = helper.make_graph(
-        [helper.make_node("Gemm", ["a", "b"], ["y"], transA=ta, transB=tb)], "gemm",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(sa)),
-         helper.make_tensor_value_info("b", TensorProto.FLOAT, list(sb))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _product(lib: str, sa, sb, ta, tb):
@@ -136,7 +131,9 @@ def _product(lib: str, sa, sb, ta, tb):
         out = np.empty((an.shape[0], bn.shape[1]), dtype=np.float32)
         return lambda: np.matmul(an, bn, out=out)
     if lib == "ort":
-        sess, feeds = _ort_gemm(sa, sb, ta, tb, torch.get_num_threads()), {"a": a.numpy(), "b": b.numpy()}
+        y = (at.shape[0], bt.shape[1])
+        sess = _ort_session([("Gemm", ["a", "b"], ["y"], {"transA": ta, "transB": tb})], sa, sb, y)
+        feeds = {"a": a.numpy(), "b": b.numpy()}
         return lambda: sess.run(None, feeds)
     if lib == "onednn":
         w = bt.t()  # [N, K], as linear takes its weight
@@ -144,22 +141,11 @@ def _product(lib: str, sa, sb, ta, tb):
     raise ValueError(lib)
 
 
-def _median_s(fn, calls: int = 15, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def child_products(libs: list[str]) -> dict:
     """{library: {shape: seconds}}; several libraries in one process alternate per call."""
     fns = {(lib, name): _product(lib, *spec) for name, spec in SHAPES.items() for lib in libs}
     if len(libs) == 1:
-        return {libs[0]: {name: _median_s(fns[(libs[0], name)]) for name in SHAPES}}
+        return {libs[0]: {name: median_seconds(fns[(libs[0], name)]) for name in SHAPES}}
     out: dict = {lib: {} for lib in libs}
     for name in SHAPES:  # alternate the libraries call by call
         times: dict = {lib: [] for lib in libs}
@@ -210,7 +196,7 @@ def child_step(variant: str, steps: int = 5) -> dict:
                 mode.__exit__(None, None, None)
         model.zero_grad(set_to_none=True)
 
-    return {variant: _median_s(step, calls=steps, warmup=2)}
+    return {variant: median_seconds(step, calls=steps, warmup=2)}
 
 
 def _run_child(kind: str, arg: str, env: dict | None = None) -> dict:
@@ -242,8 +228,6 @@ def main() -> None:
             result = child_ort_forms() if kind == "ort_forms" else child_step(arg)
         print(json.dumps(result))
         return
-    from report import machine
-
     samples: dict = {lib: {name: [] for name in SHAPES} for lib in LIBRARIES}
     mixed: dict = {lib: {name: [] for name in SHAPES} for lib in ("mkl", "openblas")}
     steps: dict = {"eager": [], "openblas": []}
@@ -270,8 +254,6 @@ def main() -> None:
             for variant in steps:
                 steps[variant].append(_run_child("step", variant)[variant])
     lines = [
-        "# Float32 GEMM libraries at a training step's products",
-        "",
         f"Taken {datetime.date.today()} by `python benchmarks/studies/gemm_libraries.py --rounds {a.rounds}"
         f"{' --step' if a.step else ''}{' --mixed' if a.mixed else ''}{' --waits' if a.waits else ''}"
         f"{' --ort-forms' if a.ort_forms else ''}`.",
@@ -311,15 +293,8 @@ def main() -> None:
         lines += ["", "BERT-base forward + backward, batch 4 x 128, eager PyTorch (ms):", "",
                   "| products through | step ms |", "|---|---:|"]
         lines += [f"| {'MKL (eager as it is)' if v == 'eager' else 'OpenBLAS'} | {_fmt(t)} |" for v, t in steps.items()]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    reading = ""
-    if os.path.exists(a.out):
-        old = open(a.out).read()
-        marker = "<!-- reading -->"
-        reading = old[old.index(marker):] if marker in old else ""
-    with open(a.out, "w") as f:
-        f.write(text + ("\n" + reading if reading else ""))
+    print("\n".join(lines))
+    write_section(a.out, "gemm_libraries", lines, title="# Float32 GEMM libraries at a training step's products\n")
 
 
 if __name__ == "__main__":
