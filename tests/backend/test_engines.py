@@ -329,6 +329,50 @@ def test_inductor_compiles_a_convolutional_model_in_its_subprocess():
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
+def test_an_inference_graph_keeps_inductors_layout_optimization(monkeypatch):
+    """A graph without a backward is compiled with inductor's layout optimization on, as
+    torch.compile's inductor has it (ResNet-50 inference on 2 cores: 336 against 477 ms
+    without it); a graph that trains, with it off (the test above). The setting sent to
+    the subprocess, read as it is sent; the inference graph's output, values and strides,
+    against eager's."""
+    from torch._inductor.compile_fx_subproc import _SubprocessFxCompile
+
+    sent = []
+    real = _SubprocessFxCompile.serialize_compile
+
+    def spy(self, *args, **kwargs):
+        sent.append(torch._inductor.config.layout_optimization)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(_SubprocessFxCompile, "serialize_compile", spy)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 8, 1)).eval()
+    x = torch.randn(2, 3, 16, 16)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append((gm, example_inputs))
+        return gm.forward
+
+    with torch.no_grad():
+        want = model(x)
+        torch.compile(model, backend=capture)(x)
+        (gm, example_inputs), = graphs
+        fn, inputs = _compiled_in_subprocess(gm, example_inputs)
+        got = fn(*inputs)
+    assert sent == [True]
+    torch.testing.assert_close(got[0], want, rtol=1e-4, atol=1e-5)
+    assert got[0].stride() == want.stride()
+    sent.clear()
+    torch._dynamo.reset()
+    graphs.clear()
+    torch.compile(model.train(), backend=capture)(x)
+    (gm, example_inputs), = graphs
+    _compiled_in_subprocess(gm, example_inputs)
+    assert sent and not any(sent)
+
+
 def test_a_long_inference_call_starts_inductor_after_its_choice_over_calls(data, monkeypatch):
     """Where lort's graph and eager PyTorch are timed over the user's calls (a long
     inference call: compile/graph_executor.py), inductor's compile starts only once they

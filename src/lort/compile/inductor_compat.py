@@ -12,7 +12,7 @@ the one worker inductor keeps per process), returning at once. The callable it r
 is valid once ``ready()``; a failure in the subprocess is raised by ``result()``.
 
 Inductor's FX graph cache is off for these compiles: a pending graph cannot be saved. So
-is its layout optimization (below, where it is turned off).
+is its layout optimization where the graph trains (below, where it is turned off).
 Inductor's graph pickler sends only ``aten`` (and ``fbgemm``) ops to its subprocess and
 refuses any other (``torch.ops.prims.convert_element_type``, in every graph with a dtype
 cast after inductor's decompositions: BERT's attention mask); ``prims`` ops are built
@@ -28,6 +28,8 @@ import contextlib
 from typing import Any, Callable
 
 import torch
+
+from .tuner import trains
 
 
 class InductorUnavailable(RuntimeError):
@@ -134,7 +136,10 @@ def start(gm: torch.fx.GraphModule, example_inputs: list) -> BackgroundCompile:
             # from the compiled forward, which is still in the subprocess when the backward
             # is sent: it then expected dense strides and failed on the forward's
             # channels-last ones (every convolutional model: ResNet-50, ViT's patch embedding).
-            stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False, layout_optimization=False))
+            # A graph without a backward keeps it, as torch.compile's inductor has it
+            # (ResNet-50 inference, batch 8, on 2 cores: 336 against 477 ms without it).
+            layout = not trains(example_inputs)
+            stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False, layout_optimization=layout))
             job.fn = torch._dynamo.disable(compile_fx.compile_fx)(copy, list(example_inputs))
     finally:
         compile_fx.fx_codegen_and_compile = real
