@@ -413,10 +413,19 @@ class _FastBinding:
 
     def clear_outputs(self) -> None:
         """Let go of the outputs bound or returned by the last run."""
-        self._public.clear_binding_outputs()
+        if self._fast:
+            self._c_binding.clear_binding_outputs()
+        else:  # pragma: no cover
+            self._public.clear_binding_outputs()
 
     def bind_output_device(self, name) -> None:
-        self._public.bind_output(name, self._device[0], self._device[1])
+        """Let ORT allocate output ``name`` on the session's device at the next run (the
+        C++ method with the device made once: the public one makes an OrtDevice per call,
+        0.25 of 0.45 ms a token for a 1.41B decoder's 57 outputs)."""
+        if self._fast:
+            self._c_binding.bind_output(name, self._c_device)
+        else:  # pragma: no cover
+            self._public.bind_output(name, self._device[0], self._device[1])
 
     def run(self, run_options) -> None:  # pragma: no cover - replaced per instance where fast
         self._session.run_with_iobinding(self._public, run_options)
