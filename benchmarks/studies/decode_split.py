@@ -16,7 +16,11 @@ Backends: ``lort_int4``, ``lort_int4_sym`` (``quantize="int4"``, ``executor="ort
 (benchmarks/peer_ortgenai.py, asymmetric / symmetric), ``llamacpp_q4_0``
 (benchmarks/peer_llamacpp.py). The peers need the environment ``make bench-peers`` builds:
 
-    .venv-peers/bin/python benchmarks/studies/decode_split.py [--layers 8] [--backends lort_int4_sym,...]
+    .venv-peers/bin/python benchmarks/studies/decode_split.py [--layers 8] [--backends lort_int4_sym,...] [--breakdown]
+
+With ``--breakdown``, lort's rows also split a decode step (timers around ORT's own run,
+lort's ``GroupSession.run`` and the compiled forward; the rest is transformers'
+``generate`` loop). The lort rows run in lort's own environment too (``.venv/bin/python``).
 
 Prints Markdown rows; the reading is in benchmarks/results/quantized_decoding.md
 ("Symmetric int4 against the peers' own setting").
@@ -35,12 +39,12 @@ BENCH = os.path.dirname(HERE)
 BACKENDS = ["lort_int4", "lort_int4_sym", "ortgenai_int4", "ortgenai_int4_sym", "llamacpp_q4_0"]
 
 CHILD = r"""
-import json, statistics, sys, tempfile, time
+import collections, json, statistics, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
 from lort.testing.models import make_torchvision_importable
 make_torchvision_importable()
 import torch, transformers
-layers, backend = int(sys.argv[2]), sys.argv[3]
+layers, backend, breakdown = int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
 cfg = transformers.LlamaConfig(vocab_size=32000, max_position_embeddings=512, hidden_size=1536,
                                intermediate_size=8960, num_hidden_layers=layers, num_attention_heads=12,
                                num_key_value_heads=2)
@@ -48,6 +52,8 @@ torch.manual_seed(0)
 model = transformers.LlamaForCausalLM(cfg).eval()
 ids = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(1))
 work = tempfile.TemporaryDirectory(prefix="lort-split-")
+spent = collections.Counter()  # seconds in each layer (lort's rows, --breakdown)
+breakdown = breakdown and not backend.startswith(("llamacpp", "ortgenai"))
 if backend.startswith("llamacpp"):
     import peer_llamacpp
     runner = peer_llamacpp.prepare(model, work.name, backend.split("_", 1)[1])
@@ -57,21 +63,50 @@ elif backend.startswith("ortgenai"):
     runner = peer_ortgenai.prepare(model, work.name, "int4", symmetric=backend.endswith("_sym"))
     gen = lambda n: runner.generate(ids, n)
 else:
+    import lort.runtime.session as session
+
+    def timer(fn, key):
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[key] += time.perf_counter() - t0
+        return timed
+
+    if breakdown:  # ORT's own run (the C++ call), lort's session run around it, the compiled forward
+        init = session._FastBinding.__init__
+
+        def timed_init(self, *a, **k):
+            init(self, *a, **k)
+            self.run = timer(self.run, "ort")
+        session._FastBinding.__init__ = timed_init
+        session.GroupSession.run = timer(session.GroupSession.run, "session")
     options = {"executor": "ort", "quantize": "int4", "quantize_symmetric": backend.endswith("_sym")}
     model.forward = torch.compile(model.forward, backend="lort", options=options)
+    if breakdown:
+        model.forward = timer(model.forward, "forward")
 
     def gen(n):
         with torch.no_grad():
             return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
 gen(1), gen(33), gen(33)
 one, full = [], []
+parts = {1: [], 33: []}
 for _ in range(7):
     for n, into in ((1, one), (33, full)):
+        spent.clear()
         t0 = time.perf_counter()
         gen(n)
         into.append(time.perf_counter() - t0)
+        if breakdown:
+            parts[n].append(dict(spent))
 prefill, whole = statistics.median(one), statistics.median(full)
-print("RESULT " + json.dumps({"prefill": prefill, "step": (whole - prefill) / 32}))
+result = {"prefill": prefill, "step": (whole - prefill) / 32}
+if breakdown:  # a decode step's share of each layer: (33 tokens - 1 token) / 32, medians
+    for key in ("forward", "session", "ort"):
+        result[key] = (statistics.median(p[key] for p in parts[33]) - statistics.median(p[key] for p in parts[1])) / 32
+print("RESULT " + json.dumps(result))
 """
 
 
@@ -79,15 +114,20 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--breakdown", action="store_true",
+                    help="lort's rows also split a decode step: ORT's run, lort's session around it, "
+                         "Dynamo and AOTAutograd around lort's graph, transformers' generate loop")
     a = ap.parse_args(argv)
     backends = a.backends.split(",")
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         ap.error(f"unknown backends {unknown}; choose from {BACKENDS}")
-    print(f"| backend ({a.layers} layers) | prefill+1 ms | decode step ms |")
-    print("|---|---:|---:|")
+    split = a.breakdown
+    extra = " in ORT's run | lort's session around it | Dynamo, AOTAutograd, lort's graph | generate loop |"
+    print(f"| backend ({a.layers} layers) | prefill+1 ms | decode step ms |" + (extra if split else ""))
+    print("|---|---:|---:|" + ("---:|" * 4 if split else ""))
     for backend in backends:
-        proc = subprocess.run([sys.executable, "-c", CHILD, BENCH, str(a.layers), backend],
+        proc = subprocess.run([sys.executable, "-c", CHILD, BENCH, str(a.layers), backend, "1" if split else "0"],
                               capture_output=True, text=True)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not lines:
@@ -95,7 +135,13 @@ def main(argv=None) -> None:
             print(f"| {backend} | failed: {tail} | |")
             continue
         r = json.loads(lines[-1][len("RESULT "):])
-        print(f"| {backend} | {r['prefill'] * 1e3:.1f} | {r['step'] * 1e3:.2f} |", flush=True)
+        row = f"| {backend} | {r['prefill'] * 1e3:.1f} | {r['step'] * 1e3:.2f} |"
+        if split and "ort" in r:
+            row += (f" {r['ort'] * 1e3:.2f} | {(r['session'] - r['ort']) * 1e3:.2f} | "
+                    f"{(r['forward'] - r['session']) * 1e3:.2f} | {(r['step'] - r['forward']) * 1e3:.2f} |")
+        elif split:
+            row += " - | - | - | - |"
+        print(row, flush=True)
 
 
 if __name__ == "__main__":
