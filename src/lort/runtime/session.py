@@ -420,8 +420,8 @@ class _FastBinding:
 
     def bind_output_device(self, name) -> None:
         """Let ORT allocate output ``name`` on the session's device at the next run (the
-        C++ method with the device made once: the public one makes an OrtDevice per call,
-        0.25 of 0.45 ms a token for a 1.41B decoder's 57 outputs)."""
+        C++ method with the device made once: the public one makes an OrtDevice per call;
+        clearing and binding a 1.41B decoder step's 57 outputs took 157 against 22 us)."""
         if self._fast:
             self._c_binding.bind_output(name, self._c_device)
         else:  # pragma: no cover
