@@ -43,6 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 from report import machine, write_section  # noqa: E402
+from timing import timed_interleaved  # noqa: E402
 
 VARIANTS = ["compile", "compile_freezing", "lort", "lort_frozen"]
 
@@ -109,17 +110,10 @@ def child(model_name: str, variant: str, calls: int) -> dict:
             got = fn(*inputs)[0]
             call = lambda: fn(*inputs)  # noqa: E731
         first = time.perf_counter() - start
-        eager_t, variant_t = [], []
-        for _ in range(2):
-            call(), model(*args, **kwargs)
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            model(*args, **kwargs)
-            t1 = time.perf_counter()
-            call()
-            eager_t.append(t1 - t0)
-            variant_t.append(time.perf_counter() - t1)
-    return {"first_s": first, "ms": statistics.median(variant_t) * 1e3, "eager_ms": statistics.median(eager_t) * 1e3,
+        # One call a sample (min_time 0), eager and the variant taking turns.
+        t = timed_interleaved({"eager": lambda: model(*args, **kwargs), "variant": call}, min_time=0.0,
+                              repeats=calls)
+    return {"first_s": first, "ms": t["variant"] * 1e3, "eager_ms": t["eager"] * 1e3,
             "max_abs": float((got - want).abs().max())}
 
 
