@@ -45,16 +45,30 @@ def today() -> str:
     return datetime.date.today().isoformat()
 
 
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo (else what platform says)."""
+def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name, x86 family and model and widest vector extension from
+    ``cpuinfo``, e.g. ``AMD EPYC (family 26, model 2; AVX-512)`` (else what platform
+    says). Virtual machines often give only the vendor's name ("AMD EPYC"), and the same
+    name covers generations whose GEMMs differ by 2x (benchmarks/studies/gemm_libraries.md)."""
+    fields: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    name = fields.get("model name")
+    if not name:
+        return platform.processor() or platform.machine() or "unknown CPU"
+    flags = set(fields.get("flags", "").split())
+    isa = ("AVX-512 with AMX" if "amx_tile" in flags else "AVX-512" if "avx512f" in flags
+           else "AVX2" if "avx2" in flags else None)
+    detail = [f"family {fields['cpu family']}, model {fields['model']}"] if "cpu family" in fields and "model" in fields else []
+    detail = "; ".join(detail + ([isa] if isa else []))
+    return f"{name} ({detail})" if detail else name
 
 
 def host() -> str:

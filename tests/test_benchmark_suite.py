@@ -79,3 +79,28 @@ def test_no_results_or_study_file_left_at_the_top():
     """Results live in benchmarks/results/, studies in benchmarks/studies/: only suites'
     scripts and shared modules stay in benchmarks/ itself."""
     assert not sorted(p.name for p in BENCH.glob("*.md"))
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location("benchmarks_report", BENCH / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_results_name_the_cpus_generation_and_vector_extension(tmp_path):
+    """A VM's model name ("AMD EPYC") covers generations whose GEMMs differ by 2x, so a
+    results file's machine line gives the x86 family, model and widest extension."""
+    report = _report()
+    block = "processor\t: {i}\nvendor_id\t: AuthenticAMD\ncpu family\t: {fam}\nmodel\t\t: {model}\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n\n"
+    cases = [((26, 2, "fpu avx2 avx512f avx512bw"), "AMD EPYC (family 26, model 2; AVX-512)"),
+             ((25, 1, "fpu avx2"), "AMD EPYC (family 25, model 1; AVX2)"),
+             ((6, 143, "avx2 avx512f amx_tile"), "AMD EPYC (family 6, model 143; AVX-512 with AMX)")]
+    for (fam, model, flags), want in cases:
+        info = tmp_path / f"cpuinfo-{fam}"
+        # two processors: the first block is read
+        info.write_text(block.format(i=0, fam=fam, model=model, flags=flags) + block.format(i=1, fam=0, model=0, flags=""))
+        assert report.cpu_name(str(info)) == want
+    bare = tmp_path / "bare"
+    bare.write_text("model name\t: Some CPU\n")
+    assert report.cpu_name(str(bare)) == "Some CPU"
