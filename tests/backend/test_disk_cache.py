@@ -156,3 +156,38 @@ def test_keys_ignore_options_that_change_no_translation_or_choice():
     other = lort.Options(disk_cache=True, ort_fusions=False)
     assert disk_cache.inputs_key(gm, args, other, "graph executor") != disk_cache.inputs_key(gm, args, base, "graph executor")
     assert disk_cache.graph_key(gm, other) != disk_cache.graph_key(gm, base)
+
+
+def test_a_choice_timed_on_another_machine_is_not_read(tmp_path, monkeypatch):
+    """A cache directory shared between machines (a network home, a CI cache restored on
+    another runner): the engine timed fastest on one CPU is not taken on another, where
+    it may be the slowest (BERT-base's training graph in ORT: 1.33x eager on an AVX-512
+    EPYC, 1.74x slower than eager on an Intel Xeon)."""
+    cold, _, _ = run(tmp_path)
+    assert not any(m.from_cache for m in group_modules(cold))
+    here = disk_cache.machine_key()
+    monkeypatch.setattr(disk_cache, "machine_key", lambda: here[:-1] + ("another CPU",))
+    other, _, _ = run(tmp_path)
+    assert group_modules(other) and not any(m.from_cache for m in group_modules(other))
+    monkeypatch.setattr(disk_cache, "machine_key", lambda: here)
+    again, _, _ = run(tmp_path)
+    assert all(m.from_cache for m in group_modules(again))
+
+
+def test_the_machine_key_names_the_cpu_and_its_vector_extensions(tmp_path):
+    block = ("processor\t: {i}\nvendor_id\t: {vendor}\ncpu family\t: {fam}\nmodel\t\t: {model}\n"
+             "model name\t: {name}\nflags\t\t: {flags}\n\n")
+    keys = []
+    for vendor, fam, model, name, flags in [("AuthenticAMD", 26, 2, "AMD EPYC", "fpu avx2 fma avx512f"),
+                                            ("AuthenticAMD", 25, 1, "AMD EPYC", "fpu avx2 fma"),
+                                            ("GenuineIntel", 6, 143, "Intel Xeon", "avx2 fma avx512f amx_tile")]:
+        info = tmp_path / f"cpuinfo-{fam}"
+        info.write_text(block.format(i=0, vendor=vendor, fam=fam, model=model, name=name, flags=flags)
+                        + block.format(i=1, vendor="x", fam=0, model=0, name="second", flags=""))
+        key = disk_cache._cpu.__wrapped__(str(info))
+        assert vendor in key and str(fam) in key and name in key and "second" not in key
+        assert ("avx512f" in key) == ("avx512f" in flags) and ("amx_tile" in key) == ("amx_tile" in flags)
+        keys.append(key)
+    assert len(set(keys)) == 3
+    # no /proc/cpuinfo (another OS): the platform's names, still a key
+    assert disk_cache._cpu.__wrapped__(str(tmp_path / "absent"))[0]

@@ -1,6 +1,7 @@
 """A disk cache of translated groups: the ONNX model ORT runs and the choices made by
 timing (threads, executor), keyed by the group's graph, its argument spec, the library
-versions and the options that change the result.
+versions, the options that change the result and the machine (``machine_key``: a choice
+timed on one CPU does not hold on another).
 
 A hit skips translation, the fusion rewrites and the timing runs; ORT still builds its
 session. Entries are written to a temporary file and renamed, so processes sharing the
@@ -80,6 +81,46 @@ def _versions() -> tuple:
     return (FORMAT, __version__, _source_hash(), torch.__version__, *others)
 
 
+#: /proc/cpuinfo's fields that name the CPU a timed choice was measured on.
+_CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name")
+#: Its flags that change which kernels ORT, MKL and oneDNN run.
+_CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "fma")
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu(cpuinfo: str = "/proc/cpuinfo") -> tuple:
+    """The CPU, as its first processor's fields and flags in ``cpuinfo`` (else what
+    platform says)."""
+    import platform
+
+    fields: dict[str, str] = {}
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = set(fields.get("flags", "").split())
+    return (platform.machine(), platform.processor(), *(fields.get(k, "") for k in _CPU_FIELDS),
+            *(f for f in _CPU_FLAGS if f in flags), os.cpu_count())
+
+
+def machine_key() -> tuple:
+    """The hardware a timed choice holds for: the CPU (vendor, family, model, the vector
+    extensions that pick kernels) and, where CUDA is initialized, the GPUs' names. The
+    engine measured fastest differs between machines (BERT-base's training graph: ORT
+    1.33x eager on an AMD EPYC with AVX-512, 1.74x slower than eager on an Intel Xeon;
+    benchmarks/results/training.md), so a cache directory shared between machines (a
+    network home, a CI cache restored on another runner) keeps one entry per machine."""
+    gpus = ()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        gpus = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    return _cpu() + gpus
+
+
 def versions_key(what: str) -> str:
     """A key for a record that depends only on the library versions (e.g. the list of
     ops torch_lib translates)."""
@@ -99,7 +140,7 @@ def graph_key(gm: torch.fx.GraphModule, options: Options, what: str = "group") -
 
 def _options_key(options: Options) -> tuple:
     """The options that change a translation or a timed choice (not logging, fallback
-    policy, tolerances or where the cache lives), and torch's thread count."""
+    policy, tolerances or where the cache lives), torch's thread count and the machine."""
     return (
         options.ort_fusions,
         options.graph_optimization_level,
@@ -118,6 +159,7 @@ def _options_key(options: Options) -> tuple:
         if options.quantize else None,
         options.engines if options.executor == "auto" else (),
         torch.get_num_threads(),
+        machine_key(),
     )
 
 
