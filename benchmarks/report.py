@@ -50,16 +50,9 @@ def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
     ``cpuinfo``, e.g. ``AMD EPYC (family 26, model 2; AVX-512)`` (else what platform
     says). Virtual machines often give only the vendor's name ("AMD EPYC"), and the same
     name covers generations whose GEMMs differ by 2x (benchmarks/studies/gemm_libraries.md)."""
-    fields: dict[str, str] = {}
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first processor's block is enough
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
+    from lort.compile.disk_cache import cpuinfo_fields
+
+    fields = cpuinfo_fields(cpuinfo)
     name = fields.get("model name")
     if not name:
         return platform.processor() or platform.machine() or "unknown CPU"

@@ -87,12 +87,9 @@ _CPU_FIELDS = ("vendor_id", "cpu family", "model", "model name")
 _CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "fma")
 
 
-@functools.lru_cache(maxsize=1)
-def _cpu(cpuinfo: str = "/proc/cpuinfo") -> tuple:
-    """The CPU, as its first processor's fields and flags in ``cpuinfo`` (else what
-    platform says)."""
-    import platform
-
+def cpuinfo_fields(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The first processor's fields in ``cpuinfo`` ({} where there is no such file: another
+    OS). The benchmarks' machine line reads them too (benchmarks/report.py)."""
     fields: dict[str, str] = {}
     try:
         with open(cpuinfo) as f:
@@ -103,6 +100,16 @@ def _cpu(cpuinfo: str = "/proc/cpuinfo") -> tuple:
                 fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu(cpuinfo: str = "/proc/cpuinfo") -> tuple:
+    """The CPU, as its first processor's fields and flags in ``cpuinfo`` (else what
+    platform says)."""
+    import platform
+
+    fields = cpuinfo_fields(cpuinfo)
     flags = set(fields.get("flags", "").split())
     return (platform.machine(), platform.processor(), *(fields.get(k, "") for k in _CPU_FIELDS),
             *(f for f in _CPU_FLAGS if f in flags), os.cpu_count())
