@@ -348,7 +348,9 @@ def test_inductors_layout_optimization_stays_on_and_the_backward_reads_the_forwa
 
     monkeypatch.setattr(_SubprocessFxCompile, "serialize_compile", spy)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+    # A max pool: its backward under layout optimization holds a prims op
+    # (_low_memory_max_pool_offsets_to_indices), which the held backward's pickler must take.
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 8, 1)).eval()
     x = torch.randn(2, 3, 16, 16)
     graphs = []

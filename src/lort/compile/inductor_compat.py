@@ -220,7 +220,8 @@ class _Backward:
 
     def pickled(self, inputs: list):
         self.wire.example_inputs = inputs
-        return self._serialize(self.wire)
+        with _prims_picklable():
+            return self._serialize(self.wire)
 
 
 @contextlib.contextmanager
