@@ -260,7 +260,11 @@ def test_engines_option_errors_and_leaving_inductor_out(data, monkeypatch):
 
 def _compiled_in_subprocess(gm, example_inputs):
     """inductor_compat.start on a Dynamo graph, waited for; and fresh copies of its inputs."""
-    job = inductor_compat.start(gm, example_inputs)
+    return _waited(inductor_compat.start(gm, example_inputs), example_inputs)
+
+
+def _waited(job, example_inputs):
+    """A started compile, waited for: its callable, and fresh copies of its inputs."""
     start = time.perf_counter()
     while not job.ready():
         assert time.perf_counter() - start < 600, "inductor's subprocess did not finish"
@@ -378,13 +382,7 @@ def test_inductors_layout_optimization_stays_on_and_the_backward_reads_the_forwa
     job = inductor_compat.start(gm, example_inputs)
     forward, backward = job._pending
     assert backward._future is None  # held until the forward's code is back
-    start = time.perf_counter()
-    while not job.ready():
-        assert time.perf_counter() - start < 600, "inductor's subprocess did not finish"
-        time.sleep(0.05)
-    fn = job.result()
-    inputs = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
-              for a in example_inputs]
+    fn, inputs = _waited(job, example_inputs)
     assert sent == [True, True]
     strides = [t.stride() for t in backward._post[0] if isinstance(t, torch.Tensor) and t.dim() == 4]
     assert any(s[1] == 1 for s in strides), strides  # saved channels-last, as the forward made them
