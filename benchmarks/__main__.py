@@ -31,7 +31,7 @@ SUITES = [
           "inference at batch 1 and 8 and a training step, 10 models, on CPU; `make bench` runs it",
           ["results/speed.md"]),
     Suite("training", "engines.py", "training steps at real sizes (BERT-base, GPT-2 small, ResNet-50, ViT-S/16) "
-          "with inductor as lort's third engine, beside eager and inductor", ["results/training.md"]),
+          "with inductor as lort's third engine, both front ends beside eager and inductor", ["results/training.md"]),
     Suite("batched", "batched.py", "batched inference at real sizes (BERT-base, GPT-2 small, ViT-S/16, "
           "ResNet-50): eager, inductor, lort through both front ends and the whole model in ORT, after lort's "
           "engines are chosen", ["results/batched_inference.md"]),

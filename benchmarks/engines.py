@@ -1,22 +1,23 @@
 """Training steps with inductor as lort's third engine (compile/engines.py), beside eager
 and inductor, at real sizes.
 
-One fresh process per case holds three copies of the model with the same initial
-weights, each with its AdamW optimizer: eager PyTorch, ``torch.compile`` (inductor) and
-``torch.compile(backend="lort")`` with ``executor="auto"`` and the engines given
-(default ort, pytorch, inductor). A step is forward, loss, backward, optimizer step and
-``zero_grad``. It reports:
+One fresh process per case holds four copies of the model with the same initial
+weights, each with its AdamW optimizer: eager PyTorch, ``torch.compile`` (inductor),
+``torch.compile(backend="lort")`` and ``lort.ORTModule``, both lort front ends with
+``executor="auto"`` and the engines given (default ort, pytorch, inductor). A step is
+forward, loss, backward, optimizer step and ``zero_grad``. It reports:
 
 - **first s**: each backend's first step, compile included (lort's disk cache off,
-  inductor's caches in a new empty directory shared by both compiled backends: lort's
-  inductor compile runs after torch.compile's, so it may find kernels compiled);
-- **final s**: lort only, seconds from its first step until every graph's engine was
-  chosen (inductor traced on lort's second step, compiled in its subprocess, then timed),
-  stepping lort meanwhile; the second step's seconds (inductor's trace included), the
-  steps taken meanwhile and their median;
-- **steady ms**: median of ``--rounds`` rounds where the three step in turn (order
-  rotated every round), after settling; ratios are eager / backend and inductor / lort
-  per round, their median;
+  inductor's caches in a new empty directory shared by the compiled backends: lort's
+  inductor compiles run after torch.compile's, so they may find kernels compiled);
+- **final s**: each lort front end, seconds from its first step until every graph's
+  engine was chosen (inductor traced on the second step, compiled in its subprocess,
+  then timed), stepping that front end meanwhile (torch.compile's lort first, then
+  ORTModule; the time spent on the other is not counted); the second step's seconds
+  (inductor's trace included), the steps taken meanwhile and their median;
+- **steady ms**: median of ``--rounds`` rounds where the four step in turn (order
+  rotated every round), after settling; ratios are eager / backend and inductor /
+  backend per round, their median;
 - each graph's engine, and the times it was chosen by.
 
     python -m benchmarks training [--cases bert_base,gpt2_small] [--batch 4] [--rounds 20]
@@ -51,11 +52,16 @@ from lort.testing import models
 case, batch, rounds, engines = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), tuple(sys.argv[4].split(","))
 model, args, kwargs = models.ENGINE_CASES[case](batch)
 model.train(True)
-backend = lort.LortBackend({"executor": "auto", "engines": engines, "disk_cache": False})
-fns, steps = {}, {}
-for name in ("eager", "inductor", "lort"):
+options = {"executor": "auto", "engines": engines, "disk_cache": False}
+backend = lort.LortBackend(options)
+NAMES = ("eager", "inductor", "lort", "ortmodule")
+fns, steps, modules = {}, {}, {}
+for name in NAMES:
     m = copy.deepcopy(model)
-    fn = {"eager": m, "inductor": torch.compile(m), "lort": torch.compile(m, backend=backend)}[name]
+    if name == "ortmodule":
+        fn = modules[name] = lort.ORTModule(m, options=options)
+    else:
+        fn = {"eager": m, "inductor": torch.compile(m), "lort": torch.compile(m, backend=backend)}[name]
     opt = torch.optim.AdamW(m.parameters(), lr=1e-5)
     def step(fn=fn, opt=opt):
         out = fn(*args, **kwargs)
@@ -66,43 +72,56 @@ for name in ("eager", "inductor", "lort"):
     steps[name] = step
 del model
 first = {}
-for name in ("eager", "inductor", "lort"):
+for name in NAMES:
     t0 = time.perf_counter()
     steps[name]()
     first[name] = time.perf_counter() - t0
     gc.collect()
-start = time.perf_counter() - first["lort"]
-meanwhile = []
-def settled():
-    sw = [r() for r in backend.switches]
-    return all(s is None or s.engine is not None for s in sw)
-while not settled() and time.perf_counter() - start < 3600:
-    t0 = time.perf_counter()
-    steps["lort"]()
-    meanwhile.append(time.perf_counter() - t0)
-final = time.perf_counter() - start
+def backends(name):
+    if name == "lort":
+        return [backend]
+    return [e.backend for e in modules[name].transition_manager.entries.values() if e.backend is not None]
+def switches(name):
+    return [s for b in backends(name) for s in (r() for r in b.switches) if s is not None]
+def records(name):
+    return [r for b in backends(name) for r in b.records]
+def settled(name):
+    return all(s.engine is not None for s in switches(name))
+final, meanwhile = {}, {}
+for name in ("lort", "ortmodule"):  # lort's steps until every engine is chosen, then ORTModule's
+    start = time.perf_counter() - first[name]
+    meanwhile[name] = []
+    while not settled(name) and time.perf_counter() - start < 3600:
+        t0 = time.perf_counter()
+        steps[name]()
+        meanwhile[name].append(time.perf_counter() - t0)
+    final[name] = time.perf_counter() - start
 for name in steps:  # warm-up after the swap
     steps[name]()
 times = {n: [] for n in steps}
-order = ["eager", "inductor", "lort"]
+order = list(NAMES)
 for r in range(rounds):
-    for name in order[r % 3:] + order[:r % 3]:
+    for name in order[r % 4:] + order[:r % 4]:
         t0 = time.perf_counter()
         steps[name]()
         times[name].append(time.perf_counter() - t0)
 def med(xs):
     return statistics.median(xs) if xs else None
+def ratio(a, b):
+    return med([x / y for x, y in zip(times[a], times[b])])
 out = {
-    "first": first, "final": final, "meanwhile": len(meanwhile), "meanwhile_ms": (med(meanwhile) or 0) * 1e3,
-    "second_s": meanwhile[0] if meanwhile else None,
+    "first": first, "final": final, "meanwhile": {n: len(m) for n, m in meanwhile.items()},
+    "meanwhile_ms": {n: (med(m) or 0) * 1e3 for n, m in meanwhile.items()},
+    "second_s": {n: m[0] if m else None for n, m in meanwhile.items()},
     "steady_ms": {n: med(t) * 1e3 for n, t in times.items()},
-    "lort_vs_eager": med([e / l for e, l in zip(times["eager"], times["lort"])]),
-    "lort_vs_inductor": med([i / l for i, l in zip(times["inductor"], times["lort"])]),
-    "inductor_vs_eager": med([e / i for e, i in zip(times["eager"], times["inductor"])]),
-    "graphs": [(r.name, str(r.executor), {k: round(v * 1e3, 3) for k, v in r.executor_times.items()
-                                           if isinstance(v, float)}) for r in backend.records],
-    "switches": [dict(engine=s.engine, trace_s=s.trace_s, compile_s=s.compile_s)
-                 for s in (r() for r in backend.switches) if s is not None],
+    "lort_vs_eager": ratio("eager", "lort"), "lort_vs_inductor": ratio("inductor", "lort"),
+    "inductor_vs_eager": ratio("eager", "inductor"),
+    "ortmodule_vs_eager": ratio("eager", "ortmodule"), "ortmodule_vs_inductor": ratio("inductor", "ortmodule"),
+    "graphs": {n: [(r.name, str(r.executor), {k: round(v * 1e3, 3) for k, v in r.executor_times.items()
+                                              if isinstance(v, float)}) for r in records(n)]
+               for n in ("lort", "ortmodule")},
+    "switches": {n: [dict(engine=s.engine, trace_s=s.trace_s, compile_s=s.compile_s) for s in switches(n)]
+                 for n in ("lort", "ortmodule")},
 }
 print(json.dumps(out))
 """
@@ -124,23 +143,35 @@ def run_case(case: str, batch: int, rounds: int, engines: str, timeout: int) -> 
     return run_child(CHILD, case, batch, rounds, engines, timeout)
 
 
+def _chosen(graphs) -> str:
+    return "; ".join(f"{name}: {engine} ({', '.join(f'{k} {v:.1f} ms' for k, v in t.items())})"
+                     for name, engine, t in graphs)
+
+
+def _final(r: dict, name: str) -> str:
+    second = r["second_s"][name]
+    return (f"{'-' if second is None else format(second, '.1f')} | {r['final'][name]:.1f} "
+            f"({r['meanwhile'][name]}, {r['meanwhile_ms'][name]:.0f})")
+
+
 def table(results: dict, batch: int) -> list[str]:
     lines = [
-        "| case | eager ms | inductor ms | lort ms | lort vs eager | lort vs inductor | inductor vs eager "
-        "| first s eager / inductor / lort | lort 2nd step s | lort final s (steps meanwhile, their median ms) "
-        "| engines chosen |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---|---|",
+        "| case | eager ms | inductor ms | lort ms | ORTModule ms | lort vs eager | lort vs inductor "
+        "| ORTModule vs eager | ORTModule vs inductor | inductor vs eager "
+        "| first s eager / inductor / lort / ORTModule | lort 2nd step s | lort final s (steps meanwhile, their "
+        "median ms) | ORTModule 2nd step s | ORTModule final s (steps meanwhile, their median ms) "
+        "| engines chosen, lort | engines chosen, ORTModule |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---|---|---|",
     ]
     for case, r in results.items():
         s, f = r["steady_ms"], r["first"]
-        chosen = "; ".join(f"{name}: {engine} ({', '.join(f'{k} {v:.1f} ms' for k, v in t.items())})"
-                           for name, engine, t in r["graphs"])
         lines.append(
-            f"| {case} train, batch {batch} {ENGINE_SAMPLE[case]} | {s['eager']:.1f} | {s['inductor']:.1f} | {s['lort']:.1f} | "
-            f"{r['lort_vs_eager']:.2f}x | {r['lort_vs_inductor']:.2f}x | {r['inductor_vs_eager']:.2f}x | "
-            f"{f['eager']:.1f} / {f['inductor']:.1f} / {f['lort']:.1f} | "
-            f"{'-' if r['second_s'] is None else format(r['second_s'], '.1f')} | {r['final']:.1f} ({r['meanwhile']}, "
-            f"{r['meanwhile_ms']:.0f}) | {chosen} |")
+            f"| {case} train, batch {batch} {ENGINE_SAMPLE[case]} | {s['eager']:.1f} | {s['inductor']:.1f} | "
+            f"{s['lort']:.1f} | {s['ortmodule']:.1f} | {r['lort_vs_eager']:.2f}x | {r['lort_vs_inductor']:.2f}x | "
+            f"{r['ortmodule_vs_eager']:.2f}x | {r['ortmodule_vs_inductor']:.2f}x | {r['inductor_vs_eager']:.2f}x | "
+            f"{f['eager']:.1f} / {f['inductor']:.1f} / {f['lort']:.1f} / {f['ortmodule']:.1f} | "
+            f"{_final(r, 'lort')} | {_final(r, 'ortmodule')} | {_chosen(r['graphs']['lort'])} | "
+            f"{_chosen(r['graphs']['ortmodule'])} |")
     return lines
 
 
@@ -160,11 +191,12 @@ def main(argv=None) -> None:
     lines = [f"## `{report.command('training', argv)}`", "",
              f"Taken {datetime.date.today()} on {report.machine()}.", "", *table(results, a.batch), ""]
     for case, r in results.items():
-        for s in r["switches"]:
-            trace = "-" if s["trace_s"] is None else f"{s['trace_s']:.1f} s"
-            ready = "never (it failed)" if s["compile_s"] is None else f"{s['compile_s']:.1f} s after the capture"
-            lines.append(f"- {case}: inductor's trace on the caller's thread {trace}; ready and timed {ready}; "
-                         f"engine {s['engine']}")
+        for front, switches in r["switches"].items():
+            for s in switches:
+                trace = "-" if s["trace_s"] is None else f"{s['trace_s']:.1f} s"
+                ready = "never (it failed)" if s["compile_s"] is None else f"{s['compile_s']:.1f} s after the capture"
+                lines.append(f"- {case}, {front}: inductor's trace on the caller's thread {trace}; ready and timed "
+                             f"{ready}; engine {s['engine']}")
     report.write_section(a.out, f"engines {a.cases} {a.batch} {a.engines}", lines,
                          title="# Engines: lort with inductor as its third engine")
 
