@@ -21,7 +21,8 @@ forward, loss, backward, optimizer step and ``zero_grad``. It reports:
 - each graph's engine, and the times it was chosen by.
 
     python -m benchmarks training [--cases bert_base,gpt2_small] [--batch 4] [--rounds 20]
-        (cases: bert_base, gpt2_small, resnet50 (timm, 224 px), vit_small (timm ViT-S/16))
+        (cases: bert_base, gpt2_small, resnet50 (timm, 224 px), vit_small (timm ViT-S/16),
+         llama_small (a 0.2B Llama-style causal LM))
         [--engines ort,pytorch,inductor]
 
 Writes benchmarks/results/training.md (``--out``), replacing the section for its command.

@@ -242,6 +242,24 @@ def llama_2gb(batch=1, seq=128, layers=18, seed=0):
     return model, (torch.randint(0, cfg.vocab_size, (batch, seq)),), {"use_cache": False}
 
 
+def llama_small(batch=1, seq=128, seed=0):
+    """A Llama-style causal LM of 0.2B parameters, trained as one: hidden 1024, SwiGLU
+    2816, 12 layers, 16 heads with 4 key/value heads, a 32000-token vocabulary, untied
+    head (201M parameters, 0.80 GB). Called with ``labels`` (its language-model loss) and
+    ``use_cache=False``."""
+    make_torchvision_importable()
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+        num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False,
+    )
+    model = transformers.LlamaForCausalLM(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+    return model, (ids,), {"labels": ids, "use_cache": False}
+
+
 #: The models at the sizes users run (python -m benchmarks scale): each builder returns
 #: (model, args, kwargs).
 SCALE_CASES = {
@@ -258,5 +276,7 @@ ENGINE_CASES = {
     "gpt2_small": lambda b: gpt2_small(batch=b),
     "resnet50": lambda b: (*timm_model("resnet50", batch=b, size=224), {}),
     "vit_small": lambda b: (*timm_model("vit_small_patch16_224", batch=b, size=224), {}),
+    "llama_small": lambda b: llama_small(batch=b),
 }
-ENGINE_SAMPLE = {"bert_base": "x 128", "gpt2_small": "x 128", "resnet50": "at 224 px", "vit_small": "at 224 px"}
+ENGINE_SAMPLE = {"bert_base": "x 128", "gpt2_small": "x 128", "resnet50": "at 224 px", "vit_small": "at 224 px",
+                 "llama_small": "x 128"}
