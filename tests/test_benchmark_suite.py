@@ -104,3 +104,45 @@ def test_results_name_the_cpus_generation_and_vector_extension(tmp_path):
     bare = tmp_path / "bare"
     bare.write_text("model name\t: Some CPU\n")
     assert report.cpu_name(str(bare)) == "Some CPU"
+
+
+def test_training_table_gives_both_front_ends_columns():
+    """engines.py's table (python -m benchmarks training) from a child's result: each lort
+    front end's step, ratios, settling and engines in its own columns, a graph that never
+    switched (no second step) written as "-"."""
+    # engines.py puts benchmarks/ on sys.path and imports its report.py as "report":
+    # both are undone, so that no later test imports a benchmark module by a bare name.
+    path, modules = list(sys.path), set(sys.modules)
+    try:
+        spec = importlib.util.spec_from_file_location("benchmarks_engines", BENCH / "engines.py")
+        engines = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(engines)
+    finally:
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            if getattr(sys.modules[name], "__file__", "") and str(BENCH) in sys.modules[name].__file__:
+                del sys.modules[name]
+    graphs = [("g1_forward", "inductor", {"ort": 20.0, "pytorch": 11.0, "inductor": 10.0})]
+    result = {
+        "first": {"eager": 1.0, "inductor": 40.0, "lort": 20.0, "ortmodule": 19.0},
+        "final": {"lort": 60.0, "ortmodule": 45.0}, "meanwhile": {"lort": 9, "ortmodule": 0},
+        "meanwhile_ms": {"lort": 4000.0, "ortmodule": 0.0}, "second_s": {"lort": 9.5, "ortmodule": None},
+        "steady_ms": {"eager": 990.0, "inductor": 880.0, "lort": 890.0, "ortmodule": 900.0},
+        "lort_vs_eager": 1.11, "lort_vs_inductor": 0.99, "inductor_vs_eager": 1.12,
+        "ortmodule_vs_eager": 1.10, "ortmodule_vs_inductor": 0.978,
+        "graphs": {"lort": graphs, "ortmodule": graphs[:0]},
+        "switches": {"lort": [], "ortmodule": []},
+    }
+    header, rule, row = engines.table({"resnet50": result}, 8)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    names = [c.strip() for c in header.strip("|").split("|")]
+    assert len(cells) == len(names) == rule.count("|") - 1
+    got = dict(zip(names, cells))
+    assert got["case"] == "resnet50 train, batch 8 at 224 px"
+    assert (got["lort ms"], got["ORTModule ms"]) == ("890.0", "900.0")
+    assert (got["ORTModule vs eager"], got["ORTModule vs inductor"]) == ("1.10x", "0.98x")
+    assert got["first s eager / inductor / lort / ORTModule"] == "1.0 / 40.0 / 20.0 / 19.0"
+    assert (got["lort 2nd step s"], got["ORTModule 2nd step s"]) == ("9.5", "-")
+    assert got["lort final s (steps meanwhile, their median ms)"] == "60.0 (9, 4000)"
+    assert got["engines chosen, lort"] == "g1_forward: inductor (ort 20.0 ms, pytorch 11.0 ms, inductor 10.0 ms)"
+    assert got["engines chosen, ORTModule"] == ""
