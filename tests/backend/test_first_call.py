@@ -180,7 +180,7 @@ def test_a_close_call_over_calls_takes_twice_the_samples(monkeypatch):
     assert chooser.chosen is not None
 
 
-def test_a_short_call_and_a_training_call_are_timed_on_the_first_call(monkeypatch):
+def test_a_short_call_is_timed_on_the_first_call_a_cpu_training_call_on_the_second(monkeypatch):
     from lort.compile.graph_executor import ChooseOnFirstCall
 
     timed = []
@@ -200,8 +200,12 @@ def test_a_short_call_and_a_training_call_are_timed_on_the_first_call(monkeypatc
     runs.clear()
     trains = ChooseOnFirstCall(lambda *a: runs.append("pytorch"), lambda *a: runs.append("ort"), [],
                                Tuner(graph_budget_s=0.0), None, None, False)
-    trains(weight)  # a training call (its backward follows): timed on the first call, then run
-    assert timed == [["ort", "pytorch"]] and runs == ["ort"]
+    trains(weight)  # a training call (its backward follows): eager PyTorch's run, untimed
+    assert timed == [] and runs == ["pytorch"] and trains.chosen is None
+    trains(weight)  # the second: timed, then the faster runs
+    assert timed == [["ort", "pytorch"]] and runs == ["pytorch", "ort"] and trains.chosen is not None
+    trains(weight)
+    assert timed == [["ort", "pytorch"]] and runs == ["pytorch", "ort", "ort"]
 
 
 def test_a_long_inference_graph_through_torch_compile_matches_eager_on_every_call(monkeypatch):
@@ -340,3 +344,57 @@ def test_a_group_its_products_make_long_is_not_run_at_compile_time(monkeypatch):
     assert group.threads == torch.get_num_threads() and group.thread_times == {}
     assert group.executor_times == {"ort_lower_bound": pytest.approx(1.0)}
     assert "products alone take at least 1.00 s a run" in str(lort.ExplainReport(backend.records))
+
+
+def test_a_cpu_training_graphs_first_step_is_eagers_and_the_choice_is_timed_on_the_second(monkeypatch):
+    """executor="auto" on a training graph (batch norm's running statistics and dropout
+    included): the first step runs in eager PyTorch with no timing run (its outputs,
+    gradients and buffers are eager's, bit for bit); the second is timed, lort's graph
+    and eager each on copies of its inputs, then runs the faster; over five AdamW steps the
+    losses, weights and buffers match eager's, and the records hold the choice's times."""
+    import copy
+
+    import lort
+
+    timings = []
+    real_time_graph = Tuner.time_graph
+
+    def counted(self, candidates, example_inputs):
+        timings.append(sorted(candidates))
+        return real_time_graph(self, candidates, example_inputs)
+
+    monkeypatch.setattr(Tuner, "time_graph", counted)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.GELU(),
+                                torch.nn.Dropout(0.1), torch.nn.Linear(32, 4)).train()
+    reference = copy.deepcopy(model)
+    backend = lort.LortBackend({"executor": "auto", "engines": ("ort", "pytorch"), "disk_cache": False},
+                               tuner=Tuner(tiny_graph_s=0.0, tiny_inputs_bytes=0))
+    compiled = torch.compile(model, backend=backend)
+    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, reference))
+    x = torch.randn(8, 16)
+    for step in range(5):
+        torch.manual_seed(100 + step)
+        loss = compiled(x).pow(2).mean()
+        loss.backward()
+        torch.manual_seed(100 + step)
+        ref_loss = reference(x).pow(2).mean()
+        ref_loss.backward()
+        if step == 0:
+            assert timings == [], "the first training step ran a timing"
+            assert torch.equal(loss, ref_loss)
+            for p, q in zip(model.parameters(), reference.parameters()):
+                assert torch.equal(p.grad, q.grad)
+        if step == 1:
+            assert timings == [["ort", "pytorch"]], timings
+        torch.testing.assert_close(loss, ref_loss)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+        opt.step(), ref_opt.step()
+        opt.zero_grad(), ref_opt.zero_grad()
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        torch.testing.assert_close(a, b)
+    assert timings == [["ort", "pytorch"]]
+    assert any(set(r.executor_times) >= {"ort", "pytorch"} for r in backend.records), \
+        [r.executor_times for r in backend.records]
+

@@ -156,7 +156,9 @@ def test_trainer_torch_compile_onnxrt_12_steps_matches_eager(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("how", ["dynamo_backend", "plugin_options"])
-def test_accelerator_dynamo_backend_onnxrt_runs_lort(monkeypatch, how):
+def test_accelerator_dynamo_backend_onnxrt_runs_lort(monkeypatch, how, fresh_accelerate_state):
+    # A fresh accelerate state: an Accelerator's dynamo plugin is process state, and the
+    # second case's plugin (its options) would otherwise be the first case's.
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
     eager = copy.deepcopy(model)

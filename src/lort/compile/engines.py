@@ -4,8 +4,9 @@ whichever is measured fastest on the real inputs.
 
 Inductor's compile takes seconds to minutes, so the first call does not wait for it: the
 graph starts on the placement ready at once (lort's graph or eager PyTorch, chosen on the
-first call as before, or over the next calls for a long inference call:
-graph_executor.py); the second call (the first after that choice) first has inductor
+first call, on the second for a CPU training graph whose first call runs eager PyTorch, or
+over the next calls for a long inference call: graph_executor.py); the first call after
+that choice first has inductor
 trace the same graph (a Dynamo graph, or ORTModule's exported one; AOTAutograd, forward
 and backward, on this thread: FX tracing patches ``torch.nn.Module.__call__``
 process-wide, so no other thread may run the model meanwhile) and send its code
@@ -137,8 +138,9 @@ class EngineSwitch:
             return fn(*args)
         job = self._job
         if job is None:
-            # The second call starts inductor; where lort's graph and eager PyTorch are still
-            # being timed over calls (graph_executor.py), the first call after that choice:
+            # The second call starts inductor; where lort's graph and eager PyTorch are not
+            # chosen yet (timed over calls, or on a CPU training graph's second call:
+            # graph_executor.py), the first call after that choice:
             # inductor's compile subprocess would load the cores they are timed on.
             if self._calls >= 1 and _decided(self._current) and not self._launch():
                 self._keep(*self._running())
