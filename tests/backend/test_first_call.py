@@ -382,6 +382,8 @@ def test_a_cpu_training_graphs_first_step_is_eagers_and_the_choice_is_timed_on_t
         ref_loss.backward()
         if step == 0:
             assert timings == [], "the first training step ran a timing"
+            assert "not chosen yet: its first training call ran in eager PyTorch" in str(
+                lort.ExplainReport(backend.records))
             assert torch.equal(loss, ref_loss)
             for p, q in zip(model.parameters(), reference.parameters()):
                 assert torch.equal(p.grad, q.grad)
@@ -395,6 +397,7 @@ def test_a_cpu_training_graphs_first_step_is_eagers_and_the_choice_is_timed_on_t
     for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
         torch.testing.assert_close(a, b)
     assert timings == [["ort", "pytorch"]]
+    assert "not chosen yet" not in str(lort.ExplainReport(backend.records))
     assert any(set(r.executor_times) >= {"ort", "pytorch"} for r in backend.records), \
         [r.executor_times for r in backend.records]
 

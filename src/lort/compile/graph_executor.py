@@ -36,6 +36,9 @@ from .tuner import Tuner, trains
 
 #: Samples of each engine a long inference call is chosen by (doubled for a close call).
 LONG_SAMPLES = 2
+#: A training graph's records between its first call (eager PyTorch's) and its choice.
+NOT_CHOSEN_YET = ("not chosen yet: its first training call ran in eager PyTorch; lort's graph and eager "
+                  "PyTorch are timed on its next call")
 
 logger = logging.getLogger("lort")
 
@@ -82,6 +85,8 @@ class ChooseOnFirstCall:
             return out  # lort's run: this call's result, whichever engine is chosen
         if not self._eager_first and _on_cpu(args):  # a training call: its backward follows
             self._eager_first = True
+            for record in self._records:
+                record.engine_notes.append(NOT_CHOSEN_YET)
             logger.info("lort: %s: its first training call runs in eager PyTorch; lort's graph is timed against "
                         "it on the next call", self._name())
             return self._eager(*args)
@@ -140,6 +145,9 @@ class ChooseOnFirstCall:
 
     def _decide(self, times: dict | None, seconds: float, over_calls: int = 0) -> Callable:
         compiled, eager = self._compiled, self._eager
+        for record in self._records:
+            if NOT_CHOSEN_YET in record.engine_notes:
+                record.engine_notes.remove(NOT_CHOSEN_YET)
         executor = self._tuner.choose_graph_executor(times)
         if self._cache is not None and times:
             self._cache.store_record(self._key, {"executor": executor.value, "times": times})
