@@ -56,7 +56,7 @@ model.train(True)
 options = {"executor": "auto", "engines": engines, "disk_cache": False}
 backend = lort.LortBackend(options)
 NAMES = ("eager", "inductor", "lort", "ortmodule")
-fns, steps, modules = {}, {}, {}
+steps, modules = {}, {}
 for name in NAMES:
     m = copy.deepcopy(model)
     if name == "ortmodule":

@@ -400,4 +400,3 @@ def test_a_cpu_training_graphs_first_step_is_eagers_and_the_choice_is_timed_on_t
     assert "not chosen yet" not in str(lort.ExplainReport(backend.records))
     assert any(set(r.executor_times) >= {"ort", "pytorch"} for r in backend.records), \
         [r.executor_times for r in backend.records]
-

@@ -225,21 +225,27 @@ def gpt2_small(batch=1, seq=128, seed=0):
     return model, (ids,), {"labels": ids}
 
 
+def _llama_causal_lm(batch, seq, seed, **shape):
+    """A LlamaForCausalLM of ``shape`` (hidden_size, intermediate_size, num_hidden_layers,
+    num_attention_heads, num_key_value_heads) with random weights, a 32000-token
+    vocabulary and an untied head, and ``batch`` x ``seq`` random token ids."""
+    make_torchvision_importable()
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=32000, max_position_embeddings=2048, tie_word_embeddings=False, **shape)
+    model = transformers.LlamaForCausalLM(cfg)
+    return model, torch.randint(0, cfg.vocab_size, (batch, seq))
+
+
 def llama_2gb(batch=1, seq=128, layers=18, seed=0):
     """A Llama-style causal LM past 2 GB of float32 weights: hidden 2048, SwiGLU 5632,
     32 heads with 4 key/value heads, a 32000-token vocabulary, untied head (18 layers:
     0.92B parameters, 3.7 GB). Called with ``use_cache=False`` (one forward over the
     prompt, as in scoring or a prefill)."""
-    make_torchvision_importable()
-    import transformers
-
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
-        num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False,
-    )
-    model = transformers.LlamaForCausalLM(cfg)
-    return model, (torch.randint(0, cfg.vocab_size, (batch, seq)),), {"use_cache": False}
+    model, ids = _llama_causal_lm(batch, seq, seed, hidden_size=2048, intermediate_size=5632,
+                                  num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4)
+    return model, (ids,), {"use_cache": False}
 
 
 def llama_small(batch=1, seq=128, seed=0):
@@ -247,16 +253,8 @@ def llama_small(batch=1, seq=128, seed=0):
     2816, 12 layers, 16 heads with 4 key/value heads, a 32000-token vocabulary, untied
     head (201M parameters, 0.80 GB). Called with ``labels`` (its language-model loss) and
     ``use_cache=False``."""
-    make_torchvision_importable()
-    import transformers
-
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
-        num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False,
-    )
-    model = transformers.LlamaForCausalLM(cfg)
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq))
+    model, ids = _llama_causal_lm(batch, seq, seed, hidden_size=1024, intermediate_size=2816,
+                                  num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4)
     return model, (ids,), {"labels": ids, "use_cache": False}
 
 
