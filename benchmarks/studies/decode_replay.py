@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.dirname(HERE)
 
 CHILD = r"""
-import collections, glob, json, os, statistics, sys, tempfile, time
+import collections, json, os, statistics, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
 from lort.testing.models import make_torchvision_importable
 make_torchvision_importable()
@@ -101,18 +101,18 @@ decode, args = kept[seen.most_common(1)[0][0]]
 past = max(a.shape[2] for a in args if isinstance(a, torch.Tensor) and a.dim() == 4)
 
 with open(os.path.join(genai_dir, "genai_config.json"), encoding="utf-8") as f:
-    gcfg = json.load(f)["model"]["decoder"]
+    full = json.load(f)
+gcfg = full["model"]["decoder"]
+# ORT GenAI's own runs share each layer's past and present buffer (past_present_share_buffer):
+# caches of the generate's whole length, appended in place.
+share = full["search"].get("past_present_share_buffer")
 so = ort.SessionOptions()
 for key, value in gcfg.get("session_options", {}).items():
-    if key == "intra_op_num_threads":
-        so.intra_op_num_threads = int(value)
-    elif key == "inter_op_num_threads":
+    if key == "inter_op_num_threads":
         so.inter_op_num_threads = int(value)
-    elif key == "log_id" or key == "provider_options":
-        pass
-    elif isinstance(value, str):
+    elif isinstance(value, str) and key != "log_id":
         so.add_session_config_entry(key, value)
-so.intra_op_num_threads = torch.get_num_threads()
+so.intra_op_num_threads = torch.get_num_threads()  # what peer_ortgenai writes into its config
 if profile:
     so.enable_profiling = True
     so.profile_file_prefix = os.path.join(work.name, "genai")
@@ -131,7 +131,6 @@ def dim(d):
     if "past" in d:  # a shared buffer holds the whole generate (16 + 33 tokens)
         return max(past + 1, 49) if share else past
     return 1
-share = json.load(open(os.path.join(genai_dir, "genai_config.json")))["search"].get("past_present_share_buffer")
 rng = np.random.default_rng(0)
 binding = genai.io_binding()
 feeds = {}
@@ -149,8 +148,6 @@ for i in genai.get_inputs():
         raise SystemExit(f"GenAI input {i.name} {i.type} {i.shape}: no feed for it")
     feeds[i.name] = value
     binding.bind_cpu_input(i.name, value)
-# ORT GenAI's own runs share each layer's past and present buffer (its genai_config's
-# past_present_share_buffer): caches of the generate's whole length, appended in place.
 for o in genai.get_outputs():
     if share and o.name.startswith("present"):
         past_name = o.name.replace("present", "past_key_values")
