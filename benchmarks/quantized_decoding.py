@@ -79,6 +79,26 @@ BACKENDS = ["eager", "lort", "lort_int8", "lort_int4", "lort_int8_offload", "lor
             "ortgenai_int8_sym", "ortgenai_int4_sym", "ortgenai_int4_sym64", "llamacpp_q8_0",
             "llamacpp_q4_0"]
 CASES = ["llama_0.5b", "llama_1.5b", "gpt2_medium"]
+#: The Llama-style cases' sizes (a 32000-token vocabulary each; the studies of
+#: benchmarks/studies/decode_*.py take llama_1.5b's width with fewer layers).
+LLAMA_SIZES = {"llama_0.5b": dict(hidden_size=1024, intermediate_size=4864, num_hidden_layers=24,
+                                  num_attention_heads=16, num_key_value_heads=4),
+               "llama_1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                  num_attention_heads=12, num_key_value_heads=2)}
+
+
+def llama_decoder(case: str, layers: int | None = None):
+    """``case``'s LlamaForCausalLM with random weights (seed 0), in eval mode, with
+    ``layers`` layers where given instead of the case's, and its 16-token prompt (seed 1)."""
+    import torch
+    import transformers
+
+    size = dict(LLAMA_SIZES[case], **({} if layers is None else {"num_hidden_layers": layers}))
+    cfg = transformers.LlamaConfig(vocab_size=32000, max_position_embeddings=512, **size)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    return model, torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(1))
+
 
 CHILD = r"""
 import json, statistics, sys, time
@@ -90,19 +110,14 @@ make_torchvision_importable()
 import transformers, lort
 
 case, backend, repeats, new = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-torch.manual_seed(0)
 if case == "gpt2_medium":
+    torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_embd=1024, n_layer=24, n_head=16)
-    model = transformers.GPT2LMHeadModel(cfg)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(1))
 else:
-    size = {"llama_0.5b": dict(hidden_size=1024, intermediate_size=4864, num_hidden_layers=24,
-                               num_attention_heads=16, num_key_value_heads=4),
-            "llama_1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                               num_attention_heads=12, num_key_value_heads=2)}[case]
-    cfg = transformers.LlamaConfig(vocab_size=32000, max_position_embeddings=512, **size)
-    model = transformers.LlamaForCausalLM(cfg)
-model.eval()
-ids = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(1))
+    from quantized_decoding import llama_decoder
+    model, ids = llama_decoder(case)
 kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
 with torch.no_grad():
     want_logits = model(ids).logits

@@ -55,15 +55,12 @@ make_torchvision_importable()
 import numpy as np
 import onnx
 import onnxruntime as ort
-import torch, transformers
+import torch
 layers, rounds, runs, profile = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
 work = tempfile.TemporaryDirectory(prefix="lort-replay-")
-cfg = transformers.LlamaConfig(vocab_size=32000, max_position_embeddings=512, hidden_size=1536,
-                               intermediate_size=8960, num_hidden_layers=layers, num_attention_heads=12,
-                               num_key_value_heads=2)
-torch.manual_seed(0)
-model = transformers.LlamaForCausalLM(cfg).eval()
-ids = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(1))
+from quantized_decoding import llama_decoder
+model, ids = llama_decoder("llama_1.5b", layers)
+cfg = model.config
 import peer_ortgenai
 built = peer_ortgenai.prepare(model, work.name, "int4", symmetric=True)
 genai_dir = built.path

@@ -43,14 +43,11 @@ import collections, json, statistics, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
 from lort.testing.models import make_torchvision_importable
 make_torchvision_importable()
-import torch, transformers
+import torch
 layers, backend, breakdown = int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
-cfg = transformers.LlamaConfig(vocab_size=32000, max_position_embeddings=512, hidden_size=1536,
-                               intermediate_size=8960, num_hidden_layers=layers, num_attention_heads=12,
-                               num_key_value_heads=2)
-torch.manual_seed(0)
-model = transformers.LlamaForCausalLM(cfg).eval()
-ids = torch.randint(0, cfg.vocab_size, (1, 16), generator=torch.Generator().manual_seed(1))
+from quantized_decoding import llama_decoder
+model, ids = llama_decoder("llama_1.5b", layers)
+cfg = model.config
 work = tempfile.TemporaryDirectory(prefix="lort-split-")
 spent = collections.Counter()  # seconds in each layer (lort's rows, --breakdown)
 breakdown = breakdown and not backend.startswith(("llamacpp", "ortgenai"))
