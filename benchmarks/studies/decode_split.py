@@ -60,6 +60,7 @@ elif backend.startswith("ortgenai"):
     runner = peer_ortgenai.prepare(model, work.name, "int4", symmetric=backend.endswith("_sym"))
     gen = lambda n: runner.generate(ids, n)
 else:
+    import lort.runtime.binding as binding
     import lort.runtime.session as session
 
     def timer(fn, key):
@@ -72,12 +73,12 @@ else:
         return timed
 
     if breakdown:  # ORT's own run (the C++ call), lort's session run around it, the compiled forward
-        init = session._FastBinding.__init__
+        init = binding.FastBinding.__init__
 
         def timed_init(self, *a, **k):
             init(self, *a, **k)
             self.run = timer(self.run, "ort")
-        session._FastBinding.__init__ = timed_init
+        binding.FastBinding.__init__ = timed_init
         session.GroupSession.run = timer(session.GroupSession.run, "session")
     options = {"executor": "ort", "quantize": "int4", "quantize_symmetric": backend.endswith("_sym")}
     model.forward = torch.compile(model.forward, backend="lort", options=options)

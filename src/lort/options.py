@@ -182,6 +182,14 @@ class Options:
     #: ``False`` lets them spin on, stealing the cores of the PyTorch code that follows
     #: (training 0.46x eager against 0.85x). A bool; default ``True``.
     force_spinning_stop: bool = True
+    #: Before an ORT run on CPU whose session's last run took 10 ms or more, release the
+    #: calling thread's OpenMP workers (OpenMP 5.0's ``omp_pause_resource_all``): after
+    #: each PyTorch op they spin for milliseconds on the cores ORT's threads need
+    #: (runtime/openmp.py). ``"training"``: in training graphs, whose ORT groups alternate
+    #: with PyTorch's kernels (BERT-base's step all in ORT 0.82-0.93x eager's time before,
+    #: 0.93-1.05x after: benchmarks/studies/openmp_spin.md); ``True``: inference graphs
+    #: too; ``False``: never. One of ``"training"``, ``True``, ``False``; default ``"training"``.
+    release_openmp: "bool | str" = "training"
     #: Every lort session on CPU allocates from one ORT arena shared by the process,
     #: instead of an arena per session that keeps its peak for good, which lowers peak
     #: RSS in training (benchmarks/results/memory.md, before and after). A bool; default
@@ -355,6 +363,8 @@ class Options:
             raise ValueError(f"lort option freeze_max_mb={self.freeze_max_mb!r} must be a number >= 0")
         if not (isinstance(self.allow_spinning, bool) or self.allow_spinning == "inference"):
             raise ValueError(f"lort option allow_spinning={self.allow_spinning!r} must be 'inference', True or False")
+        if not (isinstance(self.release_openmp, bool) or self.release_openmp == "training"):
+            raise ValueError(f"lort option release_openmp={self.release_openmp!r} must be 'training', True or False")
         if not isinstance(self.force_spinning_stop, bool):
             raise ValueError(f"lort option force_spinning_stop={self.force_spinning_stop!r} must be True or False")
         if not isinstance(self.direct_inference, bool):

@@ -41,7 +41,7 @@ _lock = threading.Lock()
 
 def _key(options: Options, train: bool) -> tuple:
     return (train, torch.get_num_threads(), options.intra_op_num_threads, options.allow_spinning,
-            options.force_spinning_stop, options.share_cpu_arena, options.graph_optimization_level,
+            options.release_openmp, options.force_spinning_stop, options.share_cpu_arena, options.graph_optimization_level,
             repr(options.providers))
 
 

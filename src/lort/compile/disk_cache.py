@@ -157,7 +157,7 @@ def _options_key(options: Options) -> tuple:
         options.providers,
         options.max_group_args,
         options.decompose_conv_backward,
-        options.allow_spinning, options.force_spinning_stop,
+        options.allow_spinning, options.force_spinning_stop, options.release_openmp,
         options.share_cpu_arena,
         options.share_cuda_arena,
         options.cuda_pinned_memory,

@@ -47,8 +47,10 @@ class GraphCompiler:
         self.checker = checker
         self.groups = GroupCompiler(options, tuner)
         self.cache = disk_cache.for_options(options) if options.mode != "pytorch" else None
-        #: Compiles training graphs where allow_spinning="inference" (their threads do not spin).
-        self._no_spin: GraphCompiler | None = None
+        #: Compiles training graphs where their options differ: allow_spinning="inference"
+        #: (their threads do not spin), release_openmp="training" (their long runs release
+        #: PyTorch's OpenMP workers first).
+        self._training: GraphCompiler | None = None
 
     def compile(
         self, gm: torch.fx.GraphModule, kind: str, name: str, captured_s: float | None,
@@ -56,11 +58,14 @@ class GraphCompiler:
     ) -> tuple[Callable, GraphRecord]:
         """``weights``: placeholder index -> (name, tensor) of the module weights: an
         inference graph may freeze them, any graph times its groups on them (Options.freeze)."""
-        if kind != "inference" and self.options.allow_spinning == "inference":
-            if self._no_spin is None:
-                self._no_spin = GraphCompiler(dataclasses.replace(self.options, allow_spinning=False),
-                                              self.groups.tuner, self.checker)
-            return self._no_spin.compile(gm, kind, name, captured_s, weights)
+        if kind != "inference" and (self.options.allow_spinning == "inference"
+                                    or self.options.release_openmp == "training"):
+            if self._training is None:
+                spin, release = self.options.allow_spinning, self.options.release_openmp
+                training = dataclasses.replace(self.options, allow_spinning=False if spin == "inference" else spin,
+                                               release_openmp=True if release == "training" else release)
+                self._training = GraphCompiler(training, self.groups.tuner, self.checker)
+            return self._training.compile(gm, kind, name, captured_s, weights)
         progress.log_captured(self.options, name, gm, captured_s)
         if self.options.mode != "pytorch":
             symbolic_sizes.sizes_from_inputs(gm)

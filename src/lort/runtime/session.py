@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import math
 import os
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 
 import onnx
@@ -20,8 +20,9 @@ from ..errors import SessionCreationError
 from ..numpy_views import numpy_view
 from ..options import Options
 from ..ort_model import OnnxModel, model_bytes as _proto
-from . import cuda, offload, prepacked, providers
+from . import cuda, offload, openmp, prepacked, providers
 from .memory import _shared_cpu_arena, _shared_cuda_arena, _shared_cuda_pinned
+from .binding import FastBinding
 from .dtypes import ELEMENT_TYPES
 
 logger = logging.getLogger("lort")
@@ -125,6 +126,12 @@ class GroupSession:
         # CUDA: ORT runs on lort's stream, ordered with PyTorch's current stream by
         # events, not by a host sync at the end of each run (runtime/cuda.py).
         self._order = None
+        #: Releases PyTorch's spinning OpenMP workers before a run expected to be long
+        #: (its last one took openmp.MIN_RUN_S or more), on CPU where Options.release_openmp
+        #: resolved to True (runtime/openmp.py); None: never.
+        release = options.release_openmp is True and device.type == "cpu"
+        self._release = openmp.release_function() if release else None
+        self._last_s = 0.0
         if device.type == "cuda":
             self._order = cuda.StreamOrder(self._ort_device[1])
             self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
@@ -132,7 +139,7 @@ class GroupSession:
         self.static_outputs = all(o.shape is not None for o in outputs)
         # A persistent binding: inputs are rebound only when a tensor's memory changed
         # (parameters keep theirs across calls and optimizer steps), outputs every call.
-        self._binding = _FastBinding(self.session, self._ort_device)
+        self._binding = FastBinding(self.session, self._ort_device)
         #: Its mappings of a pre-packed weight store (runtime/prepacked.py), or None.
         self._mapped = prepacked.member(self.session)
         self._bound: list = [None] * len(self.input_names)
@@ -175,7 +182,7 @@ class GroupSession:
                     out = empty_like(template)
                     bind(name, device, etype, shape, self._placeholder_ptr if empty else out.data_ptr())
                     results.append(out)
-                if self._order is None:
+                if self._order is None and self._release is None:
                     binding.run(self._run_options)
                 else:
                     self._run(binding)
@@ -205,7 +212,7 @@ class GroupSession:
                 # ORT refuses a null pointer, which empty tensors have.
                 self._out_binds.append((name, ELEMENT_TYPES[spec.dtype], spec.shape, template, template.numel() == 0))
 
-    def _bind_inputs(self, args, binding: "_FastBinding") -> list | None:
+    def _bind_inputs(self, args, binding: "FastBinding") -> list | None:
         """Bind the inputs whose memory, shape or dtype changed since the last run; the
         temporaries made for non-contiguous tensors and scalars, which must outlive it."""
         keep = None
@@ -224,9 +231,16 @@ class GroupSession:
                 self._bound[i] = key
         return keep
 
-    def _run(self, binding: "_FastBinding") -> None:
+    def _run(self, binding: "FastBinding") -> None:
         if self._order is None:
+            if self._release is None:
+                binding.run(self._run_options)
+                return
+            if self._last_s >= openmp.MIN_RUN_S:
+                self._release()
+            start = time.perf_counter()
             binding.run(self._run_options)
+            self._last_s = time.perf_counter() - start
             return
         current = self._order.before_run()
         try:
@@ -372,73 +386,6 @@ def optimizer_changes(
     before = ops(onnx.load_from_string(_proto(model)))
     changes = {op: after[op] - before[op] for op in sorted(set(after) | set(before))}
     return {op: d for op, d in changes.items() if d}
-
-
-class _FastBinding:
-    """An IOBinding with its device resolved once.
-
-    onnxruntime's public IOBinding wrapper resolves the device on every bind; on the
-    hot path lort calls the bound C++ methods behind it directly (``_iobinding``,
-    ``_sess``, ``OrtDevice._get_c_device``), and falls back to the public API if a
-    future onnxruntime renames them."""
-
-    def __init__(self, session: ort.InferenceSession, device: tuple[str, int]):
-        self._public = session.io_binding()
-        self._device = device
-        self._session = session
-        c_binding = getattr(self._public, "_iobinding", None)
-        c_session = getattr(session, "_sess", None)
-        try:
-            c_device = ort.OrtDevice.make(*device)._get_c_device()
-        except Exception:  # pragma: no cover - depends on the onnxruntime version
-            c_device = None
-        self._fast = c_binding is not None and c_session is not None and c_device is not None
-        if self._fast:
-            self._c_binding, self._c_device = c_binding, c_device
-        #: ``bind_output_raw(name, device, element_type, shape, ptr)``, called with
-        #: ``device`` for each output of each run: the C++ method where it exists.
-        self.bind_output_raw = c_binding.bind_output if self._fast else self._public_bind_output
-        self.device = c_device if self._fast else device
-        if self._fast:  # ``run(run_options)`` without a Python frame
-            self.run = functools.partial(c_session.run_with_iobinding, c_binding)
-
-    def bind_input(self, name, element_type, shape, ptr) -> None:
-        if self._fast:
-            self._c_binding.bind_input(name, self._c_device, element_type, shape, ptr)
-        else:  # pragma: no cover
-            self._public.bind_input(name, self._device[0], self._device[1], element_type, shape, ptr)
-
-    def _public_bind_output(self, name, device, element_type, shape, ptr) -> None:  # pragma: no cover
-        self._public.bind_output(name, device[0], device[1], element_type, shape, ptr)
-
-    def clear_outputs(self) -> None:
-        """Let go of the outputs bound or returned by the last run."""
-        if self._fast:
-            self._c_binding.clear_binding_outputs()
-        else:  # pragma: no cover
-            self._public.clear_binding_outputs()
-
-    def bind_output_device(self, name) -> None:
-        """Let ORT allocate output ``name`` on the session's device at the next run (the
-        C++ method with the device made once: the public one makes an OrtDevice per call;
-        clearing and binding a 1.41B decoder step's 57 outputs took 157 against 22 us)."""
-        if self._fast:
-            self._c_binding.bind_output(name, self._c_device)
-        else:  # pragma: no cover
-            self._public.bind_output(name, self._device[0], self._device[1])
-
-    def run(self, run_options) -> None:  # pragma: no cover - replaced per instance where fast
-        self._session.run_with_iobinding(self._public, run_options)
-
-    def output_tensors(self) -> list[torch.Tensor]:
-        """Tensors owning the data of the ORT-allocated outputs of the last run (shapes
-        known only after it), one DLPack call for all (25 outputs: 50 against 220 us one
-        OrtValue at a time). The outputs are cleared before each such run, so ORT does
-        not reuse their memory."""
-        vector = self._c_binding.get_outputs() if self._fast else None
-        if vector is not None and hasattr(vector, "to_dlpacks"):
-            return vector.to_dlpacks(torch.from_dlpack)
-        return [torch.from_dlpack(v._ortvalue.to_dlpack()) for v in self._public.get_outputs()]  # pragma: no cover
 
 
 def _as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
