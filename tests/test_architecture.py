@@ -18,7 +18,7 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "lort"
 #: provider and dtype tables, the compiler builds runtime sessions to time them, and the
 #: compiler fills the diagnostics records.
 LAYERS = [
-    ("lort._version", "lort.options", "lort.errors", "lort.reasons", "lort.ort_model", "lort.numpy_views"),
+    ("lort._version", "lort.offload_dir", "lort.options", "lort.errors", "lort.reasons", "lort.ort_model", "lort.numpy_views"),
     ("lort.translate",),
     ("lort.runtime",),
     ("lort.fusion",),

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from typing import Any, Mapping
+
+from .offload_dir import problem as _offload_dir_problem
 
 RUN_MODES = ("ort", "pytorch", "debug")
 FALLBACK_POLICIES = ("warn", "raise")
@@ -60,31 +61,6 @@ def _env_bool(name: str, default: bool) -> bool:
 def _default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.environ.get(ENV_CACHE_DIR) or os.path.join(base, "lort")
-
-
-def _offload_dir_problem(directory) -> str | None:
-    """Why ``directory`` cannot take offloaded memory (Options.quantize_offload_dir), or None."""
-    if not sys.platform.startswith("linux"):
-        return f"offloading maps files over memory with Linux's mmap; this is {sys.platform}"
-    if not isinstance(directory, (str, os.PathLike)):
-        return "it is not a directory path"
-    directory = os.fspath(directory)
-    if not os.path.isdir(directory):
-        return "no such directory"
-    if not os.access(directory, os.W_OK | os.X_OK):
-        return "the directory is not writable"
-    real, best, kind = os.path.realpath(directory), "", None
-    try:
-        with open("/proc/mounts") as f:  # the filesystem of the longest mount point above it
-            for fields in (line.split() for line in f):
-                point = fields[1].replace("\\040", " ") if len(fields) > 2 else None
-                if point and (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-                    best, kind = point, fields[2]
-    except OSError:
-        pass
-    if kind in ("tmpfs", "ramfs", "devtmpfs", "hugetlbfs"):
-        return f"it is on {kind}, which keeps its files in memory: choose a directory on a disk"
-    return None
 
 
 def _env_str(name: str, default: str) -> str:
@@ -186,10 +162,12 @@ class Options:
     #: calling thread's OpenMP workers (OpenMP 5.0's ``omp_pause_resource_all``): after
     #: each PyTorch op they spin for milliseconds on the cores ORT's threads need
     #: (runtime/openmp.py). ``"training"``: in training graphs, whose ORT groups alternate
-    #: with PyTorch's kernels (BERT-base's step all in ORT 0.82-0.93x eager's time before,
-    #: 0.93-1.05x after: benchmarks/studies/openmp_spin.md); ``True``: inference graphs
-    #: too; ``False``: never. One of ``"training"``, ``True``, ``False``; default ``"training"``.
-    release_openmp: "bool | str" = "training"
+    #: with PyTorch's kernels; ``True``: inference graphs too; ``False``: never. Measured on
+    #: all-ORT training steps (benchmarks/studies/openmp_spin.md): BERT-base and GPT-2
+    #: small gained 7-13% in quiet runs, ViT-S/16 and ResNet-50 moved between -7% and
+    #: +7%, and a run on a loaded machine lost 5% on GPT-2, so it is off by default. One
+    #: of ``"training"``, ``True``, ``False``; default ``False``.
+    release_openmp: "bool | str" = False
     #: Every lort session on CPU allocates from one ORT arena shared by the process,
     #: instead of an arena per session that keeps its peak for good, which lowers peak
     #: RSS in training (benchmarks/results/memory.md, before and after). A bool; default

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import lort
-from lort.options import _offload_dir_problem
+from lort.offload_dir import problem as _offload_dir_problem
 from lort.runtime import offload
 from lort.testing.models import llama, output_tensor
 

@@ -44,7 +44,7 @@ def _loaded_runtimes(maps: str = "/proc/self/maps") -> list[str]:
     return sorted(p for p in paths if os.path.basename(p).startswith(_RUNTIMES) and ".so" in p)
 
 
-def _lookup() -> Callable[[], None] | None:
+def _lookup() -> Callable[[], int] | None:
     import torch  # noqa: F401 - loads the OpenMP runtime PyTorch's kernels use
 
     pauses = []
@@ -64,17 +64,18 @@ def _lookup() -> Callable[[], None] | None:
         one = pauses[0]
         return lambda: one(_OMP_PAUSE_SOFT)
 
-    def release_all() -> None:
-        for fn in pauses:
-            fn(_OMP_PAUSE_SOFT)
+    def release_all() -> int:
+        results = [fn(_OMP_PAUSE_SOFT) for fn in pauses]
+        return next((r for r in results if r), 0)
 
     return release_all
 
 
-def release_function() -> Callable[[], None] | None:
+def release_function() -> Callable[[], int] | None:
     """A function that releases the calling thread's OpenMP workers (every loaded runtime
-    with ``omp_pause_resource_all``), or None where none is loaded. Inside a parallel region
-    the runtime refuses the pause and nothing happens."""
+    with ``omp_pause_resource_all``) and returns 0 where the runtimes took the pause, or
+    None where none is loaded. Inside a parallel region the runtime refuses the pause
+    (nonzero) and nothing happens."""
     if not _found:
         with _lock:
             if not _found:

@@ -21,9 +21,9 @@ from ..numpy_views import numpy_view
 from ..options import Options
 from ..ort_model import OnnxModel, model_bytes as _proto
 from . import cuda, offload, openmp, prepacked, providers
-from .memory import _shared_cpu_arena, _shared_cuda_arena, _shared_cuda_pinned
 from .binding import FastBinding
 from .dtypes import ELEMENT_TYPES
+from .memory import _shared_cpu_arena, _shared_cuda_arena, _shared_cuda_pinned
 
 logger = logging.getLogger("lort")
 
