@@ -89,7 +89,8 @@ def _tf32_kinds(model_bytes: bytes) -> frozenset:
     return frozenset(kinds)
 
 
-def make_session(model_bytes: bytes, device: str = "cpu", spinning: bool = True) -> ort.InferenceSession:
+def session_options(spinning: bool = True) -> ort.SessionOptions:
+    """The whole export's session options: lort's own thread settings (below)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = torch.get_num_threads()
@@ -99,6 +100,11 @@ def make_session(model_bytes: bytes, device: str = "cpu", spinning: bool = True)
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spinning else "0")
     so.add_session_config_entry("session.force_spinning_stop", "1")  # as lort's Options.force_spinning_stop
+    return so
+
+
+def make_session(model_bytes: bytes, device: str = "cpu", spinning: bool = True) -> ort.InferenceSession:
+    so = session_options(spinning)
     if torch.device(device).type == "cuda":
         index = torch.device(device).index
         index = torch.cuda.current_device() if index is None else index
