@@ -8,8 +8,8 @@ On a 2-core AMD EPYC, a [512x3072] x [3072x768] MatMul in ORT took 21.4 ms there
 13.9 ms with ``GOMP_SPINCOUNT=0`` (benchmarks/studies/openmp_spin.md). Those variables are
 read when the runtime loads, with torch, before lort can set them; OpenMP 5.0's
 ``omp_pause_resource_all`` releases the workers at run time: libgomp ends the calling
-thread's team (its next parallel region starts new threads, 0.1 ms and more), the Intel
-and LLVM runtimes put them to sleep.
+thread's team (its next parallel region starts new threads, 0.1 ms and more). Intel's and
+LLVM's runtimes export the same call; lort has measured it with libgomp only.
 """
 
 from __future__ import annotations
