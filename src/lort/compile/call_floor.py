@@ -41,8 +41,8 @@ _lock = threading.Lock()
 
 def _key(options: Options, train: bool) -> tuple:
     return (train, torch.get_num_threads(), options.intra_op_num_threads, options.allow_spinning,
-            options.release_openmp, options.force_spinning_stop, options.share_cpu_arena, options.graph_optimization_level,
-            repr(options.providers))
+            options.release_openmp, options.force_spinning_stop, options.share_cpu_arena,
+            options.graph_optimization_level, repr(options.providers))
 
 
 def floor_s(options: Options, train: bool) -> float | None:
