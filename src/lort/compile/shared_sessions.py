@@ -35,8 +35,8 @@ def key(cache_key: str, options: Options, device: torch.device, threads: int, tf
     if frozen:
         return None
     settings = (options.allow_spinning, options.force_spinning_stop, options.release_openmp,
-                options.share_cpu_arena, options.share_cuda_arena, options.cuda_pinned_memory, options.graph_optimization_level,
-                repr(options.providers))
+                options.share_cpu_arena, options.share_cuda_arena, options.cuda_pinned_memory,
+                options.graph_optimization_level, repr(options.providers))
     return (cache_key, str(device), threads, tf32, settings)
 
 
