@@ -60,9 +60,6 @@ def _lookup() -> Callable[[], int] | None:
     if not pauses:
         logger.info("lort: no OpenMP runtime with omp_pause_resource_all is loaded; ORT runs release no workers")
         return None
-    if len(pauses) == 1:
-        one = pauses[0]
-        return lambda: one(_OMP_PAUSE_SOFT)
 
     def release_all() -> int:
         results = [fn(_OMP_PAUSE_SOFT) for fn in pauses]
