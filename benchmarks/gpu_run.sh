@@ -36,7 +36,9 @@
 # PROFILE=0 bench of bert,gpt2 289 s, memory for bert,gpt2 164 s. A fourth (2026-11-27):
 # the pieces well under a minute, `install tests diagnose` 309 s (tests 112 s; the pinned
 # step needs more than its 120 s then), bench of llama infer1..train32 and vit_s16 infer1
-# about 250 s, memory for bert 106 s.
+# about 250 s, memory for bert 106 s. A fifth (2026-12-04): pieces and start 43 s, `install
+# tests diagnose` 191 s (tests 127 s, PINNED_TIMEOUT=1), resnet50 infer1 and infer32 in about
+# 200 s, then train32 waited on executor="auto"'s choice until the cap (SETTLE_TIMEOUT since).
 #
 # Each call must follow the last within the machine's warm time (30 s idle) or the machine is
 # a fresh one: /tmp/site is gone and the pieces must be sent again ("install" says so).
@@ -57,7 +59,9 @@
 #             added, e.g. PYTEST_ARGS='-k tf32'); TESTS_TIMEOUT seconds (default 500)
 #   bench     python -m benchmarks cuda (benchmarks/run.py --device cuda) for MODELS (default all five) and SCENARIOS
 #             (default infer1,infer32,train32), with --profile unless PROFILE=0 (where each step's
-#             GPU time goes, for the note on cases slower than inductor); BENCH_TIMEOUT seconds (540)
+#             GPU time goes, for the note on cases slower than inductor); BENCH_TIMEOUT seconds (540).
+#             Each row waits at most SETTLE_TIMEOUT seconds (default 150) for executor="auto" to choose
+#             its graphs' engines, then is timed as it runs, its "lort ran in" saying what was not settled
 #   memory    python -m benchmarks cuda-memory (benchmarks/cuda_memory.py) for MODELS with BACKENDS (default eager,lort),
 #             LORT_OPTIONS (JSON) for lort; MEMORY_TIMEOUT seconds (default 540)
 #   diagnose  benchmarks/cuda_diagnose.py: the failures the last GPU run left open

@@ -180,7 +180,11 @@ def run_cuda(models, scenarios, min_time, on_row, profile=False):
                     add_module_step(steps, firsts, *model_and_args(name, scenario, "cuda")[1:], sync,
                                     per_call=timing.PER_CALL_NO_GRAD)
                 try:
-                    settle_engines(steps)
+                    # the fifth H200 run: ResNet-50's training graphs were not settled after
+                    # 250 s and the call's cap ended the run before any row of it
+                    unsettled = settle_engines(steps, float(os.environ.get("SETTLE_TIMEOUT", "150")))
+                    if unsettled:
+                        errors["settle"] = "; ".join(unsettled)
                     times = timed_interleaved(steps, min_time * len(steps), sync=sync) if steps else {}
                 except Exception as e:  # noqa: BLE001 - reported in the table
                     times, errors["timing"] = {}, f"{type(e).__name__}: {str(e).strip()[:200]}"
@@ -188,7 +192,8 @@ def run_cuda(models, scenarios, min_time, on_row, profile=False):
                 profiles = {b: cuda_common.kernel_profile(step) for b, step in steps.items()} if profile else None
             row = dict(
                 model=name, scenario=scenario, times=times, firsts=firsts, errors=errors,
-                where=where_lort_ran(steps["lort"]) if "lort" in steps else "failed",
+                where=(where_lort_ran(steps["lort"]) if "lort" in steps else "failed")
+                + (f" ({errors['settle']})" if "settle" in errors else ""),
                 peak_mib=torch.cuda.max_memory_reserved() / 2**20, whole=whole,
             )
             if profile:
@@ -221,16 +226,23 @@ def where_records_ran(records) -> str:
     return "; ".join([where] + [f"{n}/{len(records)} graphs {names[e]}" for e, n in outside.items() if n])
 
 
-def settle_engines(steps: dict, timeout: float = 900.0) -> None:
+def settle_engines(steps: dict, timeout: float = 900.0) -> list[str]:
     """Call the lort and ORTModule steps until executor="auto" has chosen every graph's
     engine (compile/engines.py: inductor compiles in a subprocess from a graph's second
     call, then is timed against the placement running), so that the timing after it
-    measures the engine chosen, not the machine under inductor's compile."""
-    for step in steps.values():
+    measures the engine chosen, not the machine under inductor's compile. Returns what
+    each backend still waited for after ``timeout`` seconds (empty when all settled)."""
+    unsettled = []
+    for backend, step in steps.items():
         start = time.perf_counter()
         while any(s.engine is None for s in _switches(step)) and time.perf_counter() - start < timeout:
             step()
             time.sleep(0.05)
+        waiting = [s.waiting for s in _switches(step) if s.engine is None]
+        if waiting:
+            unsettled.append(f"{backend}: {len(waiting)} graphs not settled after {timeout:.0f} s ({waiting[0]})")
+            print(f"settle_engines: {unsettled[-1]}", flush=True)
+    return unsettled
 
 
 def _switches(step) -> list:

@@ -95,6 +95,7 @@ def test_training_swaps_to_inductor_mid_run_and_matches_eager(data):
         if i == 3:  # the first steps ran on lort's graph; wait for inductor here
             switch = _switch(backend)
             assert switch.engine is None
+            assert switch.waiting.startswith("inductor's compile running for "), switch.waiting
             while not switch._job.ready():
                 time.sleep(0.05)
 
@@ -112,6 +113,7 @@ def test_training_swaps_to_inductor_mid_run_and_matches_eager(data):
     for (name, p), pe, pr in zip(model.named_parameters(), eager.parameters(), ref.parameters()):
         assert_close_to_reference(p.detach(), pe.detach(), pr.detach(), f"weight {name} after 10 steps")
     assert engines_seen == [None] * 3 + ["inductor"] * 7, engines_seen
+    assert _switch(backend).waiting is None
     assert {r.kind: r.executor for r in backend.records} == {"forward": Placement.INDUCTOR,
                                                              "backward": Placement.INDUCTOR}
     text = str(lort.ExplainReport(backend.records))

@@ -70,6 +70,37 @@ def test_transformer_encoder_fast_path(norm_first, activation):
     assert dec.transformer_encoder_layer_fwd(*args, torch.zeros(5, 5, dtype=torch.bool), 0) is NotImplemented
 
 
+@pytest.mark.parametrize("device, approximate", [("cpu", "none"), ("cuda", "tanh")])
+def test_transformer_encoder_fast_path_gelu_follows_the_device(device, approximate):
+    """The fast path's first feed-forward product is ``_addmm_activation``: exact GELU on
+    CPU, the tanh approximation on CUDA (as PyTorch's own decomposition of it says). The
+    decomposition is traced here on fake tensors of each device (no GPU needed), and the
+    GELU it writes is read off the graph."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True, activation="gelu").eval()
+    sa, l1, l2 = layer.self_attn, layer.linear1, layer.linear2
+    args = [torch.randn(2, 5, 16), 16, 4, sa.in_proj_weight, sa.in_proj_bias, sa.out_proj.weight,
+            sa.out_proj.bias, True, False, layer.norm1.eps, layer.norm1.weight, layer.norm1.bias,
+            layer.norm2.weight, layer.norm2.bias, l1.weight, l1.bias, l2.weight, l2.bias]
+    mode = FakeTensorMode()
+    where = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    fakes = [mode.fake_tensor_converter.from_meta_and_device(mode, args[i].detach().to("meta"), torch.device(device))
+             for i in where]
+
+    def layer_fwd(*tensors):
+        full = list(args)
+        for i, t in zip(where, tensors):
+            full[i] = t
+        return dec.transformer_encoder_layer_fwd(*full, None, None)
+
+    with mode:
+        gm = make_fx(layer_fwd, tracing_mode="fake")(*fakes)
+    gelus = [n.kwargs.get("approximate", "none") for n in gm.graph.nodes if n.target == aten.gelu.default]
+    assert gelus == [approximate]
+
+
 def test_table_from_op_names_equals_table_from_registry():
     """A warm start builds the decomposition table from the op names the disk cache
     kept; it must be the table torch_lib's registry gives."""

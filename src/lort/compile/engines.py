@@ -115,6 +115,16 @@ class EngineSwitch:
         first-call choice, eager PyTorch, or inductor's code), else None."""
         return self._fn
 
+    @property
+    def waiting(self) -> str | None:
+        """What the choice waits for (None once the engine is chosen): inductor's compile
+        not started yet, or running for how long."""
+        if self.engine is not None:
+            return None
+        if self._job is None:
+            return f"inductor's compile not started ({self._calls} calls)"
+        return f"inductor's compile running for {time.perf_counter() - self._start:.0f} s"
+
     def _launch(self) -> bool:
         """Start inductor's compile; False (and the running placement kept) where it
         cannot."""
