@@ -105,8 +105,12 @@ def test_training_by_layer_matches_eager(splits):
 
 
 def test_alike_groups_are_timed_once(monkeypatch):
-    """Dropout (random: it stays in PyTorch) cuts each layer into groups; the same
-    group of every layer shares the first one's translation and timing."""
+    """Dropout kept whole (random: it stays in PyTorch, as where its mask cannot be drawn
+    apart, capture/decompositions/dropout.py) cuts each layer into groups; the same group
+    of every layer shares the first one's translation and timing."""
+    from lort.capture.decompositions import dropout
+
+    monkeypatch.setattr(dropout, "_SAFE", False)
     timed, compiled = [], []
     choose, compile_group = group_compiler.GroupCompiler._choose_threads, group_compiler.GroupCompiler.compile
 

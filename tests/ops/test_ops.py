@@ -706,8 +706,9 @@ CASES: list[Case] = [
     C("replication_pad_negative", lambda x: F.pad(x, (-1, 1, 1, -1), mode="replicate") + 1,
       lambda: (f32(1, 2, 4, 5),), grad=False, fallback={"aten.replication_pad2d.default": "negative"}),
     # ---- random ops (kept in PyTorch by design) --------------------------------------
+    # dropout's mask is drawn by lort::dropout_mask in PyTorch, its products run in ORT
     C("dropout", lambda x: F.dropout(x, 0.5, training=True) * 2, lambda: (f32(4, 5),),
-      fallback={"aten.native_dropout.default": RANDOM}),
+      fallback={"lort.dropout_mask.default": RANDOM}),
     C("rand_like", lambda x: x + torch.rand_like(x), lambda: (f32(4, 5),),
       fallback={"aten.rand_like.default": RANDOM}),
 ]

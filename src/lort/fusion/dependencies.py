@@ -1,6 +1,9 @@
 """Dependencies between the nodes of an FX graph that a partition must respect: data
-edges, and the ordering edges that in-place ops impose on every alias of the tensor
-they write (views, in-place results, items of a list of views)."""
+edges, the ordering edges that in-place ops impose on every alias of the tensor they
+write (views, in-place results, items of a list of views), and the order of random ops:
+each draws from PyTorch's RNG after the one before it in the graph, as eager draws them
+(a dropout's mask depends on no value of the graph, so without that edge a schedule could
+draw two masks in either order)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ import operator
 
 import torch
 import torch.fx
+
+from .support import draws_random
 
 
 def _mutated_args(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -89,6 +94,9 @@ class DepGraph:
         for n in nodes:
             for p in n.all_input_nodes:
                 self._add(p, n)
+        draws = [n for n in nodes if draws_random(n)]
+        for a, b in zip(draws, draws[1:]):
+            self._add(a, b)
         mutations = [(m, t) for m in nodes for t in _mutated_args(m)]
         if not mutations:
             return

@@ -273,6 +273,14 @@ def _no_dropout(node: torch.fx.Node) -> bool:
     return isinstance(p, (int, float)) and p == 0
 
 
+def draws_random(node: torch.fx.Node) -> bool:
+    """Whether ``node`` draws from PyTorch's RNG (a random op; CPU flash attention with a
+    dropout probability of 0 does not)."""
+    target = node.target
+    return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in target.tags and not _no_dropout(node))
+
+
 def unsupported_reason(node: torch.fx.Node) -> Reason | None:
     """None if ``node`` may run in an ORT group, else why it stays in PyTorch (the rules
     that need only the node; ``SupportChecker`` adds the options' device rule)."""
@@ -289,7 +297,7 @@ def unsupported_reason(node: torch.fx.Node) -> Reason | None:
     schema = target._schema
     if schema.is_mutable:
         return Reason(ReasonKind.MUTATION, "mutates an input; ORT groups are functional")
-    if torch.Tag.nondeterministic_seeded in target.tags and not _no_dropout(node):
+    if draws_random(node):
         return Reason(ReasonKind.RANDOM, "random op; kept in PyTorch so results follow PyTorch's RNG")
     outs = _tensor_metas(node.meta.get("val"))
     if outs is None:

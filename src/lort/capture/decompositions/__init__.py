@@ -29,6 +29,9 @@ Start from PyTorch's own decompositions of exactly the ops torch_lib cannot tran
   Layer norm's, softmax's and GELU's backward stay decomposed: kept whole, BERT-base's
   step (batch 4 x 128) was 0.99x / 1.00x / 1.00x as fast, so no gain pays for the
   boundary between ORT groups (benchmarks/studies/fused_backward.md).
+* ``native_dropout`` on CPU in training: its mask drawn by one random op with no tensor
+  input (``lort::dropout_mask``, in PyTorch, eager's draw bit for bit) and the products in
+  ORT, so dropouts no longer cut a training forward into one ORT group each (``dropout``).
 * integer ``div(..., rounding_mode="floor")`` becomes ``floor_divide`` (``composite``).
 * NaN semantics: amax/amin/max/min, argmax/argmin, max_pool and sign get an isnan-based
   select after the op, so ORT's results follow PyTorch's on inputs with NaN (``nan``).
@@ -59,7 +62,7 @@ import torch
 
 from ...fusion import support
 from ...translate import _compat
-from . import bessel, bessel_modified, erf, exponential, indexing, kernels, linalg, nan, ops, rounding, special
+from . import bessel, bessel_modified, dropout, erf, exponential, indexing, kernels, linalg, nan, ops, rounding, special
 from .composite import convolution_backward, div_floor_integer, transformer_encoder_layer_fwd
 
 aten = torch.ops.aten
@@ -133,6 +136,7 @@ def table(decompose_conv_backward: bool = False, implemented: tuple[str, ...] | 
     decomps.update(bessel.table())
     decomps.update(bessel_modified.table())
     decomps.update(linalg.table())
+    decomps.update(dropout.table())
     for op, fn in {**kernels.table(), **rounding.table()}.items():
         decomps[op] = ops.chain(fn, decomps.get(op))
     for op, fn in {**erf.table(), **exponential.table()}.items():
