@@ -16,7 +16,7 @@ from test_models import assert_close_to_reference
 aten = torch.ops.aten
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape, p", [((4, 128, 64), 0.1), ((3, 7, 5), 0.5), ((1000,), 0.3), ((2, 3, 16, 16), 0.9)])
 def test_decomposition_is_eagers_dropout_bit_for_bit(shape, p, dtype):
     x = torch.randn(shape, dtype=dtype)

@@ -7,7 +7,7 @@ groups for 37 dropouts, each boundary a copy, a lost fusion, and an ORT run that
 beside PyTorch's spinning OpenMP workers).
 
 PyTorch's CPU kernel draws the mask from the input's shape and dtype alone
-(``empty_like(input).bernoulli_(1 - p)``) and then computes ``input * mask * scale``. So
+(``empty_like(input).bernoulli_(1 - p)``) and then computes ``input * (mask * scale)``. So
 the draw is written here as one op with no tensor input, ``lort::dropout_mask`` (tagged
 random: it stays in PyTorch), and the products as plain ops that join the ORT group
 around them. The mask depends on no value of the graph, so it runs before the group that
@@ -69,14 +69,16 @@ _SAFE = _kept_from_aot_cse()
 
 def native_dropout(input, p, train):
     """``native_dropout`` on a CPU tensor of static shape in training, as a drawn mask
-    and ``input * mask * scale``; NotImplemented (kept whole) otherwise."""
+    and ``input * (mask * scale)``; NotImplemented (kept whole) otherwise."""
     if not _SAFE or not train or not 0.0 < p < 1.0 or input.device.type != "cpu" or not input.dtype.is_floating_point:
         return NotImplemented
     if not all(isinstance(s, int) for s in input.shape):
         return NotImplemented
     keep = 1.0 - p
     mask = dropout_mask(list(input.shape), keep, input.dtype, input.device)
-    return input * mask.to(input.dtype) * (1.0 / keep), mask
+    # eager scales the mask in the input's dtype, then multiplies (in float16 and bfloat16
+    # that rounds the scale first; ``(input * mask) * scale`` differed there by an ulp)
+    return input * (mask.to(input.dtype) * (1.0 / keep)), mask
 
 
 def table() -> dict:
