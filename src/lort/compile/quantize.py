@@ -46,6 +46,8 @@ class QuantizeResult:
     products: int = 0
     float_bytes: int = 0
     quantized_bytes: int = 0
+    #: Products computed by another's node (JOIN_PRODUCTS): products - joined nodes.
+    joined: int = 0
     #: Bytes moved to files (Options.quantize_offload_dir) by this rewrite.
     offloaded_bytes: int = 0
 
@@ -129,9 +131,39 @@ def _weight_kn(node: ir.Node) -> tuple[np.ndarray, ir.Value, ir.Node | None, boo
     return (array if trans_b else array.T), producer.inputs[0], producer, not trans_b
 
 
-#: id(weight tensor) -> (a weak reference to it, {(transposed, scheme settings, the
-#: tensor's version): (packed, scales, zero points)}): a weight quantized once for all
-#: the graphs that freeze it (a decoder's prefill and decode graphs), released with the
+#: Products that read one activation (a layer's q, k and v; a feed-forward's gate and up)
+#: become one node over their weights side by side along N, its output cut back by a
+#: Split, as ORT GenAI's model builder writes them: one pass over the activation, and for
+#: int8 compute one quantization of it. Column-wise schemes make the joined arrays the
+#: members' arrays side by side. False only for studies that time the two forms.
+JOIN_PRODUCTS = True
+
+
+@dataclasses.dataclass
+class _Product:
+    """A product by a frozen weight matrix, as ``_weight_kn`` found it."""
+
+    node: ir.Node
+    w_kn: np.ndarray
+    weight: ir.Value
+    transpose: ir.Node | None
+    transposed: bool
+
+
+def _joined(products: list[_Product]) -> list[list[_Product]]:
+    """The products in runs to compute as one node: those reading the same activation
+    with the same K (in graph order), each other product alone."""
+    runs: dict[tuple, list[_Product]] = {}
+    for p in products:
+        key = (p.node.inputs[0], p.w_kn.shape[0]) if JOIN_PRODUCTS else (p.node,)
+        runs.setdefault(key, []).append(p)
+    return list(runs.values())
+
+
+#: id(first weight tensor) -> (a weak reference to it, {(transposed flags, scheme
+#: settings, the tensors' versions, the other tensors' ids): (arrays, weak references to
+#: the other tensors)}): a weight (or a run of joined weights) quantized once for all the
+#: graphs that freeze it (a decoder's prefill and decode graphs), released with the
 #: weight. By identity: tensors compare by value (under FakeTensorMode, not at all).
 _quantized: dict[int, tuple[weakref.ref, dict]] = {}
 
@@ -141,33 +173,40 @@ def _settings(options: Options) -> tuple:
     return (options.quantize, block, options.quantize_symmetric)
 
 
-def _quantized_arrays(quantizer, w_kn: np.ndarray, source: torch.Tensor | None, transposed: bool, options: Options,
+def _quantized_arrays(quantizer, run: list[_Product], sources: list[torch.Tensor | None], options: Options,
                       result: QuantizeResult):
-    """(packed, scales, zero points) of ``w_kn``, from the cache where ``source`` (the
-    weight tensor it was read from) was quantized alike at its current version."""
-    key = (transposed, _settings(options), source._version if source is not None else None)
-    held = _quantized.get(id(source)) if source is not None else None
-    if held is not None and held[0]() is source and key in held[1]:
-        return held[1][key]
+    """(packed, scales, zero points) of the run's weights side by side along N, from the
+    cache where ``sources`` (the weight tensors they were read from) were quantized alike
+    at their current versions."""
+    cacheable = all(s is not None for s in sources)
+    first, others = sources[0], sources[1:]
+    key = (tuple(p.transposed for p in run), _settings(options), tuple(s._version for s in sources),
+           tuple(id(s) for s in others)) if cacheable else None
+    held = _quantized.get(id(first)) if cacheable else None
+    if held is not None and held[0]() is first and key in held[1]:
+        arrays, refs = held[1][key]
+        if all(r() is s for r, s in zip(refs, others)):
+            return arrays
+    w_kn = run[0].w_kn if len(run) == 1 else np.concatenate([p.w_kn for p in run], axis=1)
     arrays = tuple(np.ascontiguousarray(a) for a in quantizer()(np.ascontiguousarray(w_kn, dtype=np.float32)))
-    if options.quantize_offload_dir is not None and source is not None:
-        result.offloaded_bytes += _offload(source, arrays, options.quantize_offload_dir)
-    if source is not None:
-        if held is None or held[0]() is not source:
-            ident = id(source)
-            held = (weakref.ref(source, lambda _, ident=ident: _quantized.pop(ident, None)), {})
+    if options.quantize_offload_dir is not None and cacheable:
+        result.offloaded_bytes += _offload(sources, arrays, options.quantize_offload_dir)
+    if cacheable:
+        if held is None or held[0]() is not first:
+            ident = id(first)
+            held = (weakref.ref(first, lambda _, ident=ident: _quantized.pop(ident, None)), {})
             _quantized[ident] = held
         held[1].clear()  # an older version or other settings: not wanted again
-        held[1][key] = arrays
+        held[1][key] = (arrays, tuple(weakref.ref(s) for s in others))
     return arrays
 
 
-def _offload(source: torch.Tensor, arrays: tuple, directory: str) -> int:
-    """Move the float32 weight ``source`` (its storage: ORT runs the quantized copy, and
-    a later graph finds the arrays in the cache) and its quantized ``arrays`` (read
+def _offload(sources: list[torch.Tensor], arrays: tuple, directory: str) -> int:
+    """Move the float32 weights ``sources`` (their storage: ORT runs the quantized copy,
+    and a later graph finds the arrays in the cache) and their quantized ``arrays`` (read
     again only by each session's pre-packing, after which runtime/session.py pages them
     out) to files in ``directory`` (Options.quantize_offload_dir)."""
-    moved = _offload_storage(source, directory)
+    moved = sum(_offload_storage(s, directory) for s in sources)
     for a in arrays:
         moved += offload.offload(a, a.ctypes.data, a.nbytes, directory)
     return moved
@@ -179,13 +218,64 @@ def _offload_storage(t: torch.Tensor, directory: str) -> int:
         return offload.offload(t, storage.data_ptr(), storage.nbytes(), directory)
 
 
+def _product_node(graph: ir.Graph, run: list[_Product], arrays: tuple, options: Options) -> tuple[ir.Node, list]:
+    """The quantized product of a run (its first member's input by the arrays) and the
+    initializers it takes."""
+    packed, scales, zero_points = arrays
+    first = run[0].node
+    k = run[0].w_kn.shape[0]
+    n = sum(p.w_kn.shape[1] for p in run)
+    base = run[0].weight.name or f"w{id(first)}"
+    inputs = [first.inputs[0], initializer(graph, f"{base}_q{BITS[options.quantize]}", packed),
+              initializer(graph, f"{base}_scales", scales)]
+    dynamic = options.quantize == "int8_dynamic"
+    if dynamic or not options.quantize_symmetric:  # int8_dynamic's symmetric zero point is 128
+        inputs.append(initializer(graph, f"{base}_zero_points", zero_points))
+    if dynamic:
+        return ir.Node(_MS_DOMAIN, "DynamicQuantizeMatMul", inputs, name=f"{first.name}_dq"), inputs[1:]
+    attributes = [ir.AttrInt64("K", k), ir.AttrInt64("N", n), ir.AttrInt64("bits", BITS[options.quantize]),
+                  ir.AttrInt64("block_size", options.quantize_block_size)]
+    if options.quantize_accuracy_level:
+        attributes.append(ir.AttrInt64("accuracy_level", options.quantize_accuracy_level))
+    return ir.Node(_MS_DOMAIN, "MatMulNBits", inputs, attributes, name=f"{first.name}_nbits"), inputs[1:]
+
+
+def _replace(graph: ir.Graph, run: list[_Product], product: ir.Node) -> None:
+    """Put ``product`` in place of the run's nodes: its output, or a Split of it per
+    member, each with its Gemm's bias added after."""
+    new_nodes = [product]
+    outs = list(product.outputs)
+    if len(run) > 1:
+        sizes = initializer(graph, f"{product.name}_split", np.array([p.w_kn.shape[1] for p in run], dtype=np.int64))
+        split = ir.Node("", "Split", [outs[0], sizes], attributes=[ir.AttrInt64("axis", -1)],
+                        num_outputs=len(run), name=f"{product.name}_split")
+        new_nodes.append(split)
+        outs = list(split.outputs)
+    for i, p in enumerate(run):
+        node = p.node
+        bias = node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 else None
+        if bias is not None:
+            add = ir.Node("", "Add", [outs[i], bias], name=f"{node.name}_bias")
+            new_nodes.append(add)
+            outs[i] = add.outputs[0]
+        outs[i].shape, outs[i].type = node.outputs[0].shape, node.outputs[0].type
+    ir.convenience.replace_nodes_and_values(graph, run[0].node, [p.node for p in run], new_nodes,
+                                            [p.node.outputs[0] for p in run], outs)
+    for p in run:
+        if p.transpose is not None and not p.transpose.outputs[0].uses():
+            graph.remove(p.transpose, safe=True)
+        if not p.weight.uses() and p.weight not in graph.outputs:
+            graph.initializers.pop(p.weight.name, None)
+
+
 def quantize_products(model: ir.Model, options: Options, sources: dict[str, torch.Tensor] | None = None
                       ) -> QuantizeResult:
     """Rewrite ``model`` in place: every product by a frozen float32 weight matrix
-    becomes MatMulNBits (and an Add for a Gemm's bias). Products whose weight is not an
-    initializer (weights kept as inputs) are left as they are. ``sources``: initializer
-    name -> the weight tensor it holds, whose quantized arrays are then shared by every
-    graph that freezes it."""
+    becomes MatMulNBits (DynamicQuantizeMatMul for "int8_dynamic"; products of one
+    activation joined into one node, JOIN_PRODUCTS) and an Add for a Gemm's bias.
+    Products whose weight is not an initializer (weights kept as inputs) are left as they
+    are. ``sources``: initializer name -> the weight tensor it holds, whose quantized
+    arrays are then shared by every graph that freezes it."""
     result = QuantizeResult()
     if options.quantize is None:
         return result
@@ -197,48 +287,21 @@ def quantize_products(model: ir.Model, options: Options, sources: dict[str, torc
             made.append(_quantizer(options))
         return made[0]
 
-    for node in list(graph):
-        found = _weight_kn(node)
-        if found is None:
-            continue
-        w_kn, weight, transpose, transposed = found
-        k, n = w_kn.shape
-        packed, scales, zero_points = _quantized_arrays(quantizer, w_kn, (sources or {}).get(weight.name),
-                                                        transposed, options, result)
-        base = weight.name or f"w{result.products}"
-        inputs = [node.inputs[0], initializer(graph, f"{base}_q{BITS[options.quantize]}", packed),
-                  initializer(graph, f"{base}_scales", scales)]
-        dynamic = options.quantize == "int8_dynamic"
-        if dynamic or not options.quantize_symmetric:  # int8_dynamic's symmetric zero point is 128
-            inputs.append(initializer(graph, f"{base}_zero_points", zero_points))
-        if dynamic:
-            product = ir.Node(_MS_DOMAIN, "DynamicQuantizeMatMul", inputs, name=f"{node.name}_dq")
-        else:
-            attributes = [ir.AttrInt64("K", k), ir.AttrInt64("N", n), ir.AttrInt64("bits", BITS[options.quantize]),
-                          ir.AttrInt64("block_size", options.quantize_block_size)]
-            if options.quantize_accuracy_level:
-                attributes.append(ir.AttrInt64("accuracy_level", options.quantize_accuracy_level))
-            product = ir.Node(_MS_DOMAIN, "MatMulNBits", inputs, attributes, name=f"{node.name}_nbits")
-        new_nodes = [product]
-        out = product.outputs[0]
-        bias = node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 else None
-        if bias is not None:
-            add = ir.Node("", "Add", [out, bias], name=f"{node.name}_bias")
-            new_nodes.append(add)
-            out = add.outputs[0]
-        out.shape, out.type = node.outputs[0].shape, node.outputs[0].type
-        ir.convenience.replace_nodes_and_values(graph, node, [node], new_nodes, [node.outputs[0]], [out])
-        if transpose is not None and not transpose.outputs[0].uses():
-            graph.remove(transpose, safe=True)
-        if not weight.uses() and weight not in graph.outputs:
-            graph.initializers.pop(weight.name, None)
-        result.products += 1
-        result.float_bytes += w_kn.size * 4
-        result.quantized_bytes += sum(v.const_value.nbytes for v in inputs[1:])
+    products = [_Product(node, *found) for node in graph if (found := _weight_kn(node)) is not None]
+    for run in _joined(products):
+        arrays = _quantized_arrays(quantizer, run, [(sources or {}).get(p.weight.name) for p in run], options,
+                                   result)
+        product, inputs = _product_node(graph, run, arrays, options)
+        _replace(graph, run, product)
+        result.products += len(run)
+        result.joined += len(run) - 1
+        result.float_bytes += sum(p.w_kn.size * 4 for p in run)
+        result.quantized_bytes += sum(v.const_value.nbytes for v in inputs)
     if result.products:
         model.opset_imports.setdefault(_MS_DOMAIN, 1)
-        logger.info("lort: quantized %d product(s) to %s: %.1f MiB of float32 weights -> %.1f MiB",
-                    result.products, options.quantize, result.float_bytes / 2**20, result.quantized_bytes / 2**20)
+        logger.info("lort: quantized %d product(s) to %s in %d node(s): %.1f MiB of float32 weights -> %.1f MiB",
+                    result.products, options.quantize, result.products - result.joined,
+                    result.float_bytes / 2**20, result.quantized_bytes / 2**20)
         if options.quantize_offload_dir is not None:
             result.offloaded_bytes += _offload_lookup_tables(graph, sources or {}, options.quantize_offload_dir)
             if result.offloaded_bytes:  # (a later graph of the model finds its weights offloaded already)
