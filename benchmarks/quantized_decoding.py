@@ -21,6 +21,8 @@ then:
   (no zero points: llama.cpp's Q4_0 / Q8_0 and ORT GenAI's builder default); ``_sym64``
   (``lort_int4_sym64``, ``lort_int4_sym64_offload``): symmetric in blocks of 64, 4.5 bits
   a weight with float32 scales, as llama.cpp's Q4_0 (blocks of 32, float16 scales);
+  ``_sym128`` (``lort_int4_sym128``, ``lort_int4_sym128_offload``): in blocks of 128,
+  onnxruntime's quantizer's and torchao's default (4.25 bits a weight);
 - ``torchao_int8``, ``torchao_int4`` (PyTorch's way): torchao's ``quantize_`` with
   ``Int8WeightOnlyConfig()`` or, for CPU int4, ``PrototypeInt4WeightOnlyConfig(group_size=32)``
   (``_weight_int4pack_mm_for_cpu``), then ``torch.compile(model.forward)`` (inductor);
@@ -28,7 +30,8 @@ then:
 - ``ortgenai_int8``, ``ortgenai_int4``: ORT GenAI's model builder on the checkpoint
   saved locally, with lort's quantization settings (benchmarks/peer_ortgenai.py;
   Llama only: its builder has no GPT-2); ``ortgenai_int8_sym``, ``ortgenai_int4_sym``:
-  symmetric, its builder's default; ``ortgenai_int4_sym64``: symmetric in blocks of 64;
+  symmetric, its builder's default; ``ortgenai_int4_sym64``, ``ortgenai_int4_sym128``:
+  symmetric in blocks of 64 or 128;
 - ``llamacpp_q8_0``, ``llamacpp_q4_0``: llama.cpp through llama-cpp-python, a GGUF
   converted from the same checkpoint and quantized to Q8_0 / Q4_0
   (benchmarks/peer_llamacpp.py).
@@ -75,8 +78,9 @@ from scale import grid_arguments, grid_choices, run_grid  # noqa: E402
 
 BACKENDS = ["eager", "lort", "lort_int8", "lort_int4", "lort_int8_offload", "lort_int4_offload", "lort_int8_sym",
             "lort_int4_sym", "lort_int8_sym_offload", "lort_int4_sym_offload", "lort_int4_sym64",
-            "lort_int4_sym64_offload", "torchao_int8", "torchao_int4", "ortgenai_int8", "ortgenai_int4",
-            "ortgenai_int8_sym", "ortgenai_int4_sym", "ortgenai_int4_sym64", "llamacpp_q8_0",
+            "lort_int4_sym64_offload", "lort_int4_sym128", "lort_int4_sym128_offload", "torchao_int8", "torchao_int4",
+            "ortgenai_int8", "ortgenai_int4", "ortgenai_int8_sym", "ortgenai_int4_sym", "ortgenai_int4_sym64",
+            "ortgenai_int4_sym128", "llamacpp_q8_0",
             "llamacpp_q4_0"]
 CASES = ["llama_0.5b", "llama_1.5b", "gpt2_medium"]
 #: The Llama-style cases' sizes (a 32000-token vocabulary each; the studies of
@@ -101,7 +105,7 @@ def llama_decoder(case: str, layers: int | None = None):
 
 
 CHILD = r"""
-import json, statistics, sys, time
+import json, re, statistics, sys, time
 import torch
 sys.path.insert(0, sys.argv[1])
 import rss
@@ -137,7 +141,7 @@ if backend.startswith(("ortgenai", "llamacpp")):  # a peer runtime, from the che
     if kind == "ortgenai":  # int4 / int4_sym ...: the precision, and symmetric or lort's asymmetric default
         scheme, _, sym = scheme.partition("_")
         runner = importlib.import_module("peer_ortgenai").prepare(model, work.name, scheme, symmetric=sym.startswith("sym"),
-                                                                  block_size=64 if sym == "sym64" else 32)
+                                                                  block_size=int(sym[3:] or 32))
     else:
         runner = importlib.import_module("peer_" + kind).prepare(model, work.name, scheme)
     generate = lambda: runner.generate(ids, new)
@@ -163,8 +167,9 @@ else:
             options["quantize"] = backend.split("_")[1]
         if "_sym" in backend:
             options["quantize_symmetric"] = True
-        if "_sym64" in backend:
-            options["quantize_block_size"] = 64
+        block = re.search(r"_sym(\d+)", backend)
+        if block:  # _sym64, _sym128: symmetric in blocks of that size
+            options["quantize_block_size"] = int(block.group(1))
         if backend.endswith("_offload"):
             offload_dir = tempfile.TemporaryDirectory(prefix="lort-offload-", dir="/var/tmp")  # a disk, not tmpfs
             options["quantize_offload_dir"] = offload_dir.name

@@ -12,7 +12,9 @@ new tokens. This study splits that time, per backend, on a Llama-style decoder o
 Each backend runs in a fresh process (the peers load their own runtimes), 7 rounds of the
 two generates interleaved after two warm-up generates; one process at a time.
 Backends: ``lort_int4``, ``lort_int4_sym`` (``quantize="int4"``, ``executor="ort"``,
-``quantize_symmetric`` False / True), ``ortgenai_int4``, ``ortgenai_int4_sym``
+``quantize_symmetric`` False / True), ``lort_int4_sym_apart`` (the same with the products
+of one activation as nodes of their own: compile/quantize.py's ``JOIN_PRODUCTS`` off),
+``lort_int4_sym128``, ``ortgenai_int4_sym128`` (symmetric in blocks of 128), ``ortgenai_int4``, ``ortgenai_int4_sym``
 (benchmarks/peer_ortgenai.py, asymmetric / symmetric), ``llamacpp_q4_0``
 (benchmarks/peer_llamacpp.py). The peers need the environment ``make bench-peers`` builds:
 
@@ -36,7 +38,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.dirname(HERE)
-BACKENDS = ["lort_int4", "lort_int4_sym", "ortgenai_int4", "ortgenai_int4_sym", "llamacpp_q4_0"]
+BACKENDS = ["lort_int4", "lort_int4_sym", "lort_int4_sym_apart", "lort_int4_sym128", "ortgenai_int4", "ortgenai_int4_sym",
+            "ortgenai_int4_sym128", "llamacpp_q4_0"]
 
 CHILD = r"""
 import collections, json, statistics, sys, tempfile, time
@@ -57,7 +60,8 @@ if backend.startswith("llamacpp"):
     gen = lambda n: runner.generate(ids, n)
 elif backend.startswith("ortgenai"):
     import peer_ortgenai
-    runner = peer_ortgenai.prepare(model, work.name, "int4", symmetric=backend.endswith("_sym"))
+    runner = peer_ortgenai.prepare(model, work.name, "int4", symmetric="_sym" in backend,
+                                   block_size=128 if backend.endswith("_sym128") else 32)
     gen = lambda n: runner.generate(ids, n)
 else:
     import lort.runtime.binding as binding
@@ -80,7 +84,11 @@ else:
             self.run = timer(self.run, "ort")
         binding.FastBinding.__init__ = timed_init
         session.GroupSession.run = timer(session.GroupSession.run, "session")
-    options = {"executor": "ort", "quantize": "int4", "quantize_symmetric": backend.endswith("_sym")}
+    if backend.endswith("_apart"):  # the products of one activation as nodes of their own
+        import lort.compile.quantize as quantize
+        quantize.JOIN_PRODUCTS = False
+    options = {"executor": "ort", "quantize": "int4", "quantize_symmetric": "_sym" in backend,
+               "quantize_block_size": 128 if backend.endswith("_sym128") else 32}
     model.forward = torch.compile(model.forward, backend="lort", options=options)
     if breakdown:
         model.forward = timer(model.forward, "forward")
