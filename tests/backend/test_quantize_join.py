@@ -117,3 +117,34 @@ def test_joined_weights_are_quantized_once_for_every_graph(monkeypatch, caplog):
         assert len(calls) == 9 and calls[-1] == (64, 128), calls
         ref, _ = _reference(model, "int8", 32, False)
         torch.testing.assert_close(out, output_tensor(ref(ids[:, :7])))
+
+
+def test_a_product_whose_bias_a_node_computes_stays_apart():
+    """The joined node takes the first member's place, so a member whose Gemm bias is
+    computed by a node (which may come after that place) is not joined; its neighbour with
+    an initializer bias still is quantized, and the graph keeps its order."""
+    import numpy as np
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    from lort.options import Options
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), name)
+             for name in ("w1", "w2")]
+    inits += [numpy_helper.from_array(np.ones(32, np.float32), name) for name in ("b1", "b0")]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["y1"], transB=1),
+             helper.make_node("Add", ["b0", "b0"], ["b2"]),  # a bias computed after the first product
+             helper.make_node("Gemm", ["x", "w2", "b2"], ["y2"], transB=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [4, 32]) for y in ("y1", "y2")],
+                              inits)
+    model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    result = quantize.quantize_products(model, Options(quantize="int8", executor="ort"))
+    assert (result.products, result.joined) == (2, 0)
+    order = [n.op_type for n in model.graph]
+    assert order.count("MatMulNBits") == 2 and "Split" not in order
+    seen = {v.name for v in model.graph.inputs} | set(model.graph.initializers)
+    for node in model.graph:  # every input defined before its node
+        assert all(v is None or v.name in seen for v in node.inputs), node
+        seen |= {v.name for v in node.outputs}

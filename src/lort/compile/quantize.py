@@ -155,7 +155,11 @@ def _joined(products: list[_Product]) -> list[list[_Product]]:
     with the same K (in graph order), each other product alone."""
     runs: dict[tuple, list[_Product]] = {}
     for p in products:
-        key = (p.node.inputs[0], p.w_kn.shape[0]) if JOIN_PRODUCTS else (p.node,)
+        # the joined node takes the first member's place: a bias some node computes (not
+        # an initializer or graph input) could come after it, so its product stays alone
+        bias = p.node.inputs[2] if p.node.op_type == "Gemm" and len(p.node.inputs) > 2 else None
+        computed = bias is not None and bias.producer() is not None
+        key = (p.node.inputs[0], p.w_kn.shape[0]) if JOIN_PRODUCTS and not computed else (p.node,)
         runs.setdefault(key, []).append(p)
     return list(runs.values())
 
