@@ -114,6 +114,8 @@ make_torchvision_importable()
 import transformers, lort
 
 case, backend, repeats, new = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+block = re.search(r"_sym(\d+)", backend)  # _sym64, _sym128: symmetric in blocks of that size, else 32
+block_size = int(block.group(1)) if block else 32
 if case == "gpt2_medium":
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_embd=1024, n_layer=24, n_head=16)
@@ -141,7 +143,7 @@ if backend.startswith(("ortgenai", "llamacpp")):  # a peer runtime, from the che
     if kind == "ortgenai":  # int4 / int4_sym ...: the precision, and symmetric or lort's asymmetric default
         scheme, _, sym = scheme.partition("_")
         runner = importlib.import_module("peer_ortgenai").prepare(model, work.name, scheme, symmetric=sym.startswith("sym"),
-                                                                  block_size=int(sym[3:] or 32))
+                                                                  block_size=block_size)
     else:
         runner = importlib.import_module("peer_" + kind).prepare(model, work.name, scheme)
     generate = lambda: runner.generate(ids, new)
@@ -167,9 +169,8 @@ else:
             options["quantize"] = backend.split("_")[1]
         if "_sym" in backend:
             options["quantize_symmetric"] = True
-        block = re.search(r"_sym(\d+)", backend)
-        if block:  # _sym64, _sym128: symmetric in blocks of that size
-            options["quantize_block_size"] = int(block.group(1))
+        if block:
+            options["quantize_block_size"] = block_size
         if backend.endswith("_offload"):
             offload_dir = tempfile.TemporaryDirectory(prefix="lort-offload-", dir="/var/tmp")  # a disk, not tmpfs
             options["quantize_offload_dir"] = offload_dir.name

@@ -48,6 +48,7 @@ from lort.testing.models import make_torchvision_importable
 make_torchvision_importable()
 import torch
 layers, backend, breakdown = int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+block_size = 128 if backend.endswith("_sym128") else 32
 from quantized_decoding import llama_decoder
 model, ids = llama_decoder("llama_1.5b", layers)
 cfg = model.config
@@ -61,7 +62,7 @@ if backend.startswith("llamacpp"):
 elif backend.startswith("ortgenai"):
     import peer_ortgenai
     runner = peer_ortgenai.prepare(model, work.name, "int4", symmetric="_sym" in backend,
-                                   block_size=128 if backend.endswith("_sym128") else 32)
+                                   block_size=block_size)
     gen = lambda n: runner.generate(ids, n)
 else:
     import lort.runtime.binding as binding
@@ -88,7 +89,7 @@ else:
         import lort.compile.quantize as quantize
         quantize.JOIN_PRODUCTS = False
     options = {"executor": "ort", "quantize": "int4", "quantize_symmetric": "_sym" in backend,
-               "quantize_block_size": 128 if backend.endswith("_sym128") else 32}
+               "quantize_block_size": block_size}
     model.forward = torch.compile(model.forward, backend="lort", options=options)
     if breakdown:
         model.forward = timer(model.forward, "forward")

@@ -28,11 +28,11 @@ def _nodes_logged(caplog) -> list[tuple[int, int]]:
     return found
 
 
-def _compiled(model, options, join: bool, monkeypatch, caplog, *args, dynamic=None):
+def _compiled(model, options, join: bool, monkeypatch, caplog, *args):
     monkeypatch.setattr(quantize, "JOIN_PRODUCTS", join)
     torch._dynamo.reset()
     caplog.clear()
-    cm = torch.compile(copy.deepcopy(model), backend="lort", options=options, dynamic=dynamic)
+    cm = torch.compile(copy.deepcopy(model), backend="lort", options=options)
     with caplog.at_level(logging.INFO, logger="lort"), torch.no_grad():
         return output_tensor(cm(*args)), _nodes_logged(caplog)
 

@@ -149,6 +149,12 @@ class _Product:
     transpose: ir.Node | None
     transposed: bool
 
+    @property
+    def bias(self) -> ir.Value | None:
+        """A Gemm's bias, added after the quantized product."""
+        node = self.node
+        return node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 else None
+
 
 def _joined(products: list[_Product]) -> list[list[_Product]]:
     """The products in runs to compute as one node: those reading the same activation
@@ -157,8 +163,7 @@ def _joined(products: list[_Product]) -> list[list[_Product]]:
     for p in products:
         # the joined node takes the first member's place: a bias some node computes (not
         # an initializer or graph input) could come after it, so its product stays alone
-        bias = p.node.inputs[2] if p.node.op_type == "Gemm" and len(p.node.inputs) > 2 else None
-        computed = bias is not None and bias.producer() is not None
+        computed = p.bias is not None and p.bias.producer() is not None
         key = (p.node.inputs[0], p.w_kn.shape[0]) if JOIN_PRODUCTS and not computed else (p.node,)
         runs.setdefault(key, []).append(p)
     return list(runs.values())
@@ -257,9 +262,8 @@ def _replace(graph: ir.Graph, run: list[_Product], product: ir.Node) -> None:
         outs = list(split.outputs)
     for i, p in enumerate(run):
         node = p.node
-        bias = node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 else None
-        if bias is not None:
-            add = ir.Node("", "Add", [outs[i], bias], name=f"{node.name}_bias")
+        if p.bias is not None:
+            add = ir.Node("", "Add", [outs[i], p.bias], name=f"{node.name}_bias")
             new_nodes.append(add)
             outs[i] = add.outputs[0]
         outs[i].shape, outs[i].type = node.outputs[0].shape, node.outputs[0].type
